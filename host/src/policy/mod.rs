@@ -1,0 +1,1 @@
+//! Rego policy engine, decisions and the audit log (see DESIGN.md §6).

@@ -1,0 +1,1 @@
+//! The wasmtime sandbox that runs service plugins (see DESIGN.md §4).

@@ -1,0 +1,1 @@
+//! Guest-side helpers shared by the service plugins.

@@ -1,0 +1,1 @@
+//! Local control plane helper for tests.
