@@ -1,1 +1,327 @@
 //! Local control plane helper for tests.
+//!
+//! stateward is only proven against a real API server, so tests run on the local cluster
+//! that `tests/cluster/up` starts (etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler and kwok on loopback; see `tests/cluster/README.md`).
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! let env = stateward_testkit::TestEnv::new("my-test").await?;
+//! // env.client: a kube::Client for the cluster; env.namespace: fresh, only this test's.
+//! let status = env.kubectl().args(["get", "pods", "-n", &env.namespace]).status()?;
+//! # Ok(()) }
+//! ```
+//!
+//! - [`TestEnv::new`] brings the cluster up once per process (running `tests/cluster/up`,
+//!   which reuses a healthy cluster, so many test binaries share one), creates a fresh
+//!   namespace and waits until pods can be admitted in it.
+//! - The namespace is deleted when the `TestEnv` is dropped, except when the test is
+//!   panicking (kept for debugging, its name is printed) or `STATEWARD_KEEP_NAMESPACES=1`.
+//! - `STATEWARD_KUBECONFIG=<path>` uses an already running cluster instead of `up`.
+//! - Teardown is `tests/cluster/down` at the end of the run (`.ci/run` calls it unless
+//!   `STATEWARD_KEEP_CLUSTER=1`).
+//! - [`LoopbackCert`] issues a serving certificate for 127.0.0.1, for webhooks a test
+//!   serves to the API server.
+
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context as _};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, ServiceAccount};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+use tokio::sync::OnceCell;
+
+/// Label put on every namespace the testkit creates, so leftovers can be found in bulk.
+pub const NAMESPACE_LABEL: &str = "stateward.test/testkit";
+/// Label carried by the pre-created PersistentVolumes of the cluster's volume pool.
+pub const VOLUME_POOL_LABEL: &str = "stateward.test/pool=local";
+/// How long `up` may take before the test gives up (a warm start takes ~20 s).
+const UP_TIMEOUT: Duration = Duration::from_secs(240);
+/// How long a fresh namespace may take to get its default service account.
+const NAMESPACE_READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The running cluster shared by every test of this process.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    kubeconfig: PathBuf,
+}
+
+static CLUSTER: OnceCell<Cluster> = OnceCell::const_new();
+
+/// `tests/cluster` in this checkout (the scripts live next to this crate).
+pub fn cluster_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("cluster")
+}
+
+/// The shared cluster, started on first use: `tests/cluster/up` is run once per process
+/// and itself reuses a healthy cluster started by an earlier process.
+pub async fn cluster() -> anyhow::Result<&'static Cluster> {
+    CLUSTER.get_or_try_init(start_cluster).await
+}
+
+async fn start_cluster() -> anyhow::Result<Cluster> {
+    if let Some(path) = std::env::var_os("STATEWARD_KUBECONFIG") {
+        return Ok(Cluster { kubeconfig: PathBuf::from(path) });
+    }
+    let up = cluster_dir().join("up");
+    let mut cmd = tokio::process::Command::new(&up);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(UP_TIMEOUT, cmd.output())
+        .await
+        .with_context(|| format!("{} did not finish within {UP_TIMEOUT:?}", up.display()))?
+        .with_context(|| format!("could not run {}", up.display()))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        bail!("{} failed ({}):\n{stderr}", up.display(), output.status);
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let Some(path) = stdout.lines().rev().find(|l| !l.trim().is_empty()) else {
+        bail!("{} printed no kubeconfig path:\n{stderr}", up.display());
+    };
+    eprint!("{stderr}");
+    let cluster = Cluster { kubeconfig: PathBuf::from(path.trim()) };
+    let client = cluster.client().await?;
+    recycle_released_volumes(&client).await?;
+    Ok(cluster)
+}
+
+impl Cluster {
+    /// Path of the admin kubeconfig (client certificate in `system:masters`).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// A new client for the cluster. Clients are bound to the tokio runtime they were
+    /// made in, so each test makes its own.
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)
+            .with_context(|| format!("reading {}", self.kubeconfig.display()))?;
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// The built kubectl (same version as the cluster) with `--kubeconfig` set.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = Command::new(kubectl_binary());
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig);
+        cmd
+    }
+}
+
+/// Path of the kubectl that `tests/cluster/build` produced (the version in
+/// `tests/cluster/k8s/go.mod`), falling back to `kubectl` on PATH.
+pub fn kubectl_binary() -> PathBuf {
+    let version = std::fs::read_to_string(cluster_dir().join("k8s").join("go.mod"))
+        .ok()
+        .and_then(|gomod| {
+            gomod.lines().find_map(|l| {
+                let mut words = l.split_whitespace();
+                (words.next() == Some("require") && words.next() == Some("k8s.io/kubernetes"))
+                    .then(|| words.next().map(str::to_owned))
+                    .flatten()
+            })
+        });
+    let cache = std::env::var_os("STATEWARD_CACHE").map(PathBuf::from).or_else(|| {
+        std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|c| c.join("stateward"))
+    });
+    match (cache, version) {
+        (Some(cache), Some(v)) => cache.join("bin").join(format!("kubectl-{v}")),
+        _ => PathBuf::from("kubectl"),
+    }
+}
+
+/// Makes Released volumes of the pool Available again (their claims are gone, and with no
+/// provisioner nothing else would ever free them), so long test runs do not drain it.
+pub async fn recycle_released_volumes(client: &Client) -> anyhow::Result<()> {
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let list = pvs.list(&ListParams::default().labels(VOLUME_POOL_LABEL)).await?;
+    for pv in list {
+        let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
+        if let (true, Some(name)) = (released, pv.metadata.name.as_deref()) {
+            let patch = serde_json::json!({ "spec": { "claimRef": null } });
+            pvs.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// One test's slice of the cluster: its own namespace and client.
+pub struct TestEnv {
+    /// Client for the shared cluster, made in the calling test's runtime.
+    pub client: Client,
+    /// A namespace created for this test only.
+    pub namespace: String,
+    cluster: Cluster,
+}
+
+impl std::fmt::Debug for TestEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestEnv").field("namespace", &self.namespace).finish_non_exhaustive()
+    }
+}
+
+impl TestEnv {
+    /// Brings the cluster up if needed, then creates a namespace named `<prefix>-<unique>`
+    /// and waits until its default service account exists (pods are rejected before).
+    pub async fn new(prefix: &str) -> anyhow::Result<TestEnv> {
+        let cluster = cluster().await?.clone();
+        let client = cluster.client().await?;
+        let namespace = unique_name(prefix);
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": namespace, "labels": { NAMESPACE_LABEL: "true" } }
+        }))?;
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("creating namespace {namespace}"))?;
+        let env = TestEnv { client, namespace, cluster };
+        let sas: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.namespace);
+        let deadline = tokio::time::Instant::now() + NAMESPACE_READY_TIMEOUT;
+        while sas.get_opt("default").await?.is_none() {
+            if tokio::time::Instant::now() > deadline {
+                bail!("namespace {} got no default service account within {NAMESPACE_READY_TIMEOUT:?}", env.namespace);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(env)
+    }
+
+    /// Path of the admin kubeconfig of the cluster.
+    pub fn kubeconfig(&self) -> &Path {
+        self.cluster.kubeconfig()
+    }
+
+    /// The cluster this environment lives in.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// The built kubectl with `--kubeconfig` set (add `-n` yourself when needed).
+    pub fn kubectl(&self) -> Command {
+        self.cluster.kubectl()
+    }
+
+    /// Typed API for a namespaced kind in this test's namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("stateward-testkit: test failed; keeping namespace {} for inspection", self.namespace);
+            return;
+        }
+        if std::env::var_os("STATEWARD_KEEP_NAMESPACES").is_some_and(|v| v == "1") {
+            return;
+        }
+        // Fire-and-forget through kubectl: Drop cannot await, and the client belongs to a
+        // runtime that may be shutting down.
+        let _ = self
+            .kubectl()
+            .args(["delete", "namespace", &self.namespace, "--wait=false", "--ignore-not-found"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// `<prefix>-<suffix>`, a valid DNS label unique across processes and calls.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let clean: String = prefix
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .take(40)
+        .collect();
+    let clean = clean.trim_matches('-');
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let suffix = (u64::from(std::process::id()) << 20 ^ u64::from(nanos) ^ u64::from(n) << 40) % 0xff_ffff;
+    format!("{}-{suffix:06x}{n}", if clean.is_empty() { "t" } else { clean })
+}
+
+/// A TLS serving certificate for `127.0.0.1`/`localhost` signed by a throwaway CA, for
+/// endpoints (webhooks) that a test serves and the API server must trust.
+pub struct LoopbackCert {
+    /// PEM of the CA to put in a webhook's `caBundle`.
+    pub ca_pem: String,
+    /// PEM of the serving certificate (leaf only).
+    pub cert_pem: String,
+    /// PEM (PKCS#8) of the serving key.
+    pub key_pem: String,
+    /// DER of the serving certificate.
+    pub cert_der: Vec<u8>,
+    /// DER (PKCS#8) of the serving key.
+    pub key_der: Vec<u8>,
+}
+
+impl LoopbackCert {
+    /// Generates a fresh CA and a leaf for `127.0.0.1`, `::1` and `localhost`.
+    pub fn generate() -> anyhow::Result<LoopbackCert> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+        let ca_key = KeyPair::generate()?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.distinguished_name.push(DnType::CommonName, "stateward-testkit-ca");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+        let ca_cert = ca_params.self_signed(&ca_key)?;
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+
+        let key = KeyPair::generate()?;
+        let mut params =
+            CertificateParams::new(vec!["127.0.0.1".to_owned(), "::1".to_owned(), "localhost".to_owned()])?;
+        params.distinguished_name.push(DnType::CommonName, "127.0.0.1");
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok(LoopbackCert {
+            ca_pem: ca_cert.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            cert_der: cert.der().to_vec(),
+            key_der: key.serialize_der(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_names_are_dns_labels_and_differ() {
+        let a = unique_name("Stateful_Set test");
+        let b = unique_name("Stateful_Set test");
+        assert_ne!(a, b);
+        for n in [&a, &b] {
+            assert!(n.len() <= 63, "{n}");
+            assert!(n.starts_with("stateful-set-test-"), "{n}");
+            assert!(n.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'), "{n}");
+        }
+    }
+
+    #[test]
+    fn loopback_cert_covers_loopback_ip() {
+        let c = LoopbackCert::generate().expect("cert");
+        assert!(c.ca_pem.contains("BEGIN CERTIFICATE"));
+        assert!(c.key_pem.contains("PRIVATE KEY"));
+        assert!(!c.cert_der.is_empty());
+    }
+}
