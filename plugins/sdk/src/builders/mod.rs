@@ -1,0 +1,108 @@
+//! Builders for the Kubernetes children every stateward cluster has.
+//!
+//! Objects are `serde_json::Value`s; without `preserve_order` their maps are sorted, so the
+//! same input always serialises to the same bytes.
+
+pub mod objects;
+pub mod statefulset;
+
+use serde_json::{json, Map, Value};
+
+use crate::spec::Cluster;
+
+/// Label every child carries; the host selects children by it.
+pub const INSTANCE_LABEL: &str = "stateward.dev/instance";
+/// Pod-template annotation with the hash of the generated configuration: a change rolls the pods.
+pub const CONFIG_HASH_ANNOTATION: &str = "stateward.dev/config-hash";
+/// Name of the data volume (and so PVCs are `data-<name>-<ordinal>`).
+pub const DATA_VOLUME: &str = "data";
+/// Where the generated configuration is mounted.
+pub const CONFIG_DIR: &str = "/etc/stateward";
+
+/// Naming and labelling for one cluster of one service.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx<'a> {
+    pub cluster: &'a Cluster,
+    /// `app.kubernetes.io/name`, e.g. "postgres".
+    pub service: &'static str,
+    /// `app.kubernetes.io/component`, e.g. "database".
+    pub component: &'static str,
+}
+
+impl Ctx<'_> {
+    /// The CR name, also the StatefulSet's.
+    pub fn name(&self) -> &str {
+        &self.cluster.name
+    }
+
+    /// `<name>-headless`: the StatefulSet's governing Service.
+    pub fn headless(&self) -> String {
+        format!("{}-headless", self.cluster.name)
+    }
+
+    /// `<name>-config`.
+    pub fn config_map(&self) -> String {
+        format!("{}-config", self.cluster.name)
+    }
+
+    /// `<name>-credentials`.
+    pub fn secret(&self) -> String {
+        format!("{}-credentials", self.cluster.name)
+    }
+
+    /// Pod `<name>-<ordinal>`.
+    pub fn pod(&self, ordinal: i64) -> String {
+        format!("{}-{ordinal}", self.cluster.name)
+    }
+
+    /// Stable DNS name of one pod through the headless Service.
+    pub fn pod_host(&self, ordinal: i64) -> String {
+        format!("{}.{}", self.pod(ordinal), self.headless())
+    }
+
+    /// Selector labels: never change for the life of the cluster (StatefulSet selectors are immutable).
+    pub fn selector(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("app.kubernetes.io/name".into(), json!(self.service));
+        m.insert("app.kubernetes.io/instance".into(), json!(self.cluster.name));
+        m
+    }
+
+    /// Labels that never change: selector + managed-by + component + instance. Used on
+    /// volumeClaimTemplates (immutable) so every PVC carries `stateward.dev/instance`.
+    pub fn stable_labels(&self) -> Map<String, Value> {
+        let mut m = self.selector();
+        m.insert("app.kubernetes.io/managed-by".into(), json!("stateward"));
+        m.insert("app.kubernetes.io/component".into(), json!(self.component));
+        m.insert(INSTANCE_LABEL.into(), json!(self.cluster.name));
+        m
+    }
+
+    /// All labels, including `app.kubernetes.io/version`.
+    pub fn labels(&self) -> Map<String, Value> {
+        let mut m = self.stable_labels();
+        m.insert("app.kubernetes.io/version".into(), json!(label_value(&self.cluster.spec.version)));
+        m
+    }
+
+    /// `metadata` for a child called `name`.
+    pub fn metadata(&self, name: &str) -> Value {
+        json!({ "name": name, "labels": self.labels() })
+    }
+
+    /// Labels as (key, value) pairs, for secret requests.
+    pub fn label_pairs(&self) -> Vec<(String, String)> {
+        self.labels()
+            .into_iter()
+            .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_string()))
+            .collect()
+    }
+}
+
+/// A label value is at most 63 characters of `[A-Za-z0-9._-]`.
+fn label_value(s: &str) -> String {
+    s.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        .take(63)
+        .collect()
+}

@@ -1,0 +1,225 @@
+//! The StatefulSet: pods, probes, resources, security context, spread and volumes.
+
+use serde_json::{json, Value};
+
+use super::objects::Port;
+use super::{Ctx, CONFIG_DIR, CONFIG_HASH_ANNOTATION, DATA_VOLUME};
+use crate::spec::{parse_quantity, ResourceList, Resources};
+
+/// Resources used when the spec leaves them out: limits are always set (policy requires them).
+#[derive(Debug, Clone, Copy)]
+pub struct ResourceDefaults {
+    pub request_cpu: &'static str,
+    pub request_memory: &'static str,
+    pub limit_cpu: &'static str,
+    pub limit_memory: &'static str,
+}
+
+/// The fixed non-root identity the service image runs as.
+#[derive(Debug, Clone, Copy)]
+pub struct Identity {
+    pub uid: i64,
+    pub gid: i64,
+}
+
+/// Everything service-specific about the single container.
+#[derive(Debug, Clone)]
+pub struct ContainerSpec {
+    pub image: String,
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    pub env: Vec<Value>,
+    pub ports: Vec<Port>,
+    pub readiness: Value,
+    pub liveness: Value,
+    /// Where the data volume is mounted.
+    pub data_mount: &'static str,
+    /// Further mounts, e.g. one configuration file mounted where the image expects it.
+    pub extra_mounts: Vec<Value>,
+    pub identity: Identity,
+    pub defaults: ResourceDefaults,
+    /// Seconds a member gets to shut down cleanly.
+    pub termination_grace_seconds: i64,
+    /// Start members in parallel (clustered services that discover each other) or in order.
+    pub parallel: bool,
+}
+
+/// A probe running a command inside the container (checks the service itself, not a port).
+pub fn exec_probe(script: &str, initial_delay: i64, period: i64, timeout: i64, failures: i64) -> Value {
+    json!({
+        "exec": { "command": ["sh", "-c", script] },
+        "initialDelaySeconds": initial_delay,
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    })
+}
+
+/// A probe asking the service's own HTTP endpoint (e.g. a health API) on a named port.
+pub fn http_probe(path: &str, port: &str, initial_delay: i64, period: i64, timeout: i64, failures: i64) -> Value {
+    json!({
+        "httpGet": { "path": path, "port": port, "scheme": "HTTP" },
+        "initialDelaySeconds": initial_delay,
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    })
+}
+
+/// An environment variable with a literal value.
+pub fn env(name: &str, value: &str) -> Value {
+    json!({ "name": name, "value": value })
+}
+
+/// An environment variable read from a Secret key.
+pub fn env_from_secret(name: &str, secret: &str, key: &str) -> Value {
+    json!({ "name": name, "valueFrom": { "secretKeyRef": { "name": secret, "key": key } } })
+}
+
+/// Requests and limits, spec first, then defaults; a request never exceeds its limit.
+pub fn resources(spec: &Resources, d: &ResourceDefaults) -> Value {
+    let pick = |l: &ResourceList, r: &ResourceList, cpu: bool| -> (String, String) {
+        let (lim_user, req_user) = if cpu { (&l.cpu, &r.cpu) } else { (&l.memory, &r.memory) };
+        let (lim_def, req_def) = if cpu {
+            (d.limit_cpu, d.request_cpu)
+        } else {
+            (d.limit_memory, d.request_memory)
+        };
+        let limit = match (lim_user, req_user) {
+            (Some(l), _) => l.clone(),
+            (None, Some(r)) if larger(r, lim_def) => r.clone(),
+            _ => lim_def.to_string(),
+        };
+        let request = match req_user {
+            Some(r) => r.clone(),
+            None if larger(req_def, &limit) => limit.clone(),
+            None => req_def.to_string(),
+        };
+        (request, limit)
+    };
+    let (req_cpu, lim_cpu) = pick(&spec.limits, &spec.requests, true);
+    let (req_mem, lim_mem) = pick(&spec.limits, &spec.requests, false);
+    json!({
+        "requests": { "cpu": req_cpu, "memory": req_mem },
+        "limits": { "cpu": lim_cpu, "memory": lim_mem },
+    })
+}
+
+fn larger(a: &str, b: &str) -> bool {
+    match (parse_quantity(a), parse_quantity(b)) {
+        (Some(a), Some(b)) => a > b,
+        _ => false,
+    }
+}
+
+fn spread(ctx: &Ctx, key: &str) -> Value {
+    json!({
+        "maxSkew": 1,
+        "topologyKey": key,
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": { "matchLabels": ctx.selector() },
+    })
+}
+
+/// Builds the StatefulSet; `config_hash` goes into a pod-template annotation so a new
+/// configuration rolls the pods.
+pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str) -> Value {
+    let spec = &ctx.cluster.spec;
+    let container_ports: Vec<Value> = c
+        .ports
+        .iter()
+        .map(|p| json!({ "name": p.name, "containerPort": p.port, "protocol": "TCP" }))
+        .collect();
+    let mut container = json!({
+        "name": ctx.service,
+        "image": c.image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": c.env,
+        "ports": container_ports,
+        "resources": resources(&spec.resources, &c.defaults),
+        "readinessProbe": c.readiness,
+        "livenessProbe": c.liveness,
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": c.identity.uid,
+            "runAsGroup": c.identity.gid,
+            "allowPrivilegeEscalation": false,
+            "privileged": false,
+            "capabilities": { "drop": ["ALL"] },
+            "seccompProfile": { "type": "RuntimeDefault" },
+        },
+        "volumeMounts": [
+            { "name": DATA_VOLUME, "mountPath": c.data_mount },
+            { "name": "config", "mountPath": CONFIG_DIR, "readOnly": true },
+        ],
+    });
+    if let Some(obj) = container.as_object_mut() {
+        if !c.command.is_empty() {
+            obj.insert("command".into(), json!(c.command));
+        }
+        if !c.args.is_empty() {
+            obj.insert("args".into(), json!(c.args));
+        }
+        if let Some(Value::Array(mounts)) = obj.get_mut("volumeMounts") {
+            mounts.extend(c.extra_mounts.iter().cloned());
+        }
+    }
+    let mut pod_spec = json!({
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": c.identity.uid,
+            "runAsGroup": c.identity.gid,
+            "fsGroup": c.identity.gid,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": { "type": "RuntimeDefault" },
+        },
+        "automountServiceAccountToken": false,
+        "enableServiceLinks": false,
+        "terminationGracePeriodSeconds": c.termination_grace_seconds,
+        "topologySpreadConstraints": [
+            spread(ctx, "topology.kubernetes.io/zone"),
+            spread(ctx, "kubernetes.io/hostname"),
+        ],
+        "containers": [container],
+        "volumes": [
+            { "name": "config", "configMap": { "name": ctx.config_map() } },
+        ],
+    });
+    if let (Some(pc), Some(obj)) = (&spec.priority_class_name, pod_spec.as_object_mut()) {
+        obj.insert("priorityClassName".into(), json!(pc));
+    }
+    let mut claim_spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": { "requests": { "storage": spec.storage.size } },
+    });
+    if let (Some(class), Some(obj)) = (&spec.storage.class_name, claim_spec.as_object_mut()) {
+        obj.insert("storageClassName".into(), json!(class));
+    }
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": ctx.metadata(ctx.name()),
+        "spec": {
+            "replicas": spec.replicas,
+            "serviceName": ctx.headless(),
+            "podManagementPolicy": if c.parallel { "Parallel" } else { "OrderedReady" },
+            "updateStrategy": { "type": "RollingUpdate" },
+            "selector": { "matchLabels": ctx.selector() },
+            "persistentVolumeClaimRetentionPolicy": {
+                "whenDeleted": spec.retention.as_str(),
+                "whenScaled": "Retain",
+            },
+            "template": {
+                "metadata": {
+                    "labels": ctx.labels(),
+                    "annotations": { CONFIG_HASH_ANNOTATION: config_hash },
+                },
+                "spec": pod_spec,
+            },
+            "volumeClaimTemplates": [{
+                "metadata": { "name": DATA_VOLUME, "labels": ctx.stable_labels() },
+                "spec": claim_spec,
+            }],
+        }
+    })
+}

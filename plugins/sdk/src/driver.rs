@@ -1,0 +1,287 @@
+//! The generic plugin: a service describes itself as a [`Blueprint`], and every [`Blueprint`]
+//! is a [`Service`] through the functions here (info, validate, reconcile, finalize, convert).
+
+use serde_json::{json, Map, Value};
+
+use crate::builders::objects::{self, Port};
+use crate::builders::statefulset::{self, ContainerSpec};
+use crate::builders::{Ctx, DATA_VOLUME, INSTANCE_LABEL};
+use crate::json::{fnv1a, str_at, to_text};
+use crate::params::{check_parameters, ParamRule};
+use crate::spec::{parse_cluster, parse_object, version_numbers, Cluster, Retention};
+use crate::status::{derive, find_child, invalid_spec, phase_event, Derived};
+use crate::types::*;
+use crate::{schema, Service};
+
+/// The child kinds every stateward plugin may emit.
+pub const OWNS: [(&str, &str); 6] = [
+    ("apps/v1", "StatefulSet"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("v1", "Secret"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("v1", "PersistentVolumeClaim"),
+];
+
+/// A client Service besides the headless one.
+#[derive(Debug, Clone)]
+pub struct ClientService {
+    /// Appended to the CR name ("" for the bare name).
+    pub suffix: &'static str,
+    /// Narrow to pod 0 (the primary) instead of every member.
+    pub primary_only: bool,
+}
+
+/// What a service plugin describes; the SDK turns it into a full [`Service`].
+pub trait Blueprint {
+    /// Plugin name and `app.kubernetes.io/name`, e.g. "postgres".
+    const NAME: &'static str;
+    /// Plugin semver.
+    const VERSION: &'static str;
+    /// CR kind, plural and short name.
+    const KIND: &'static str;
+    /// See [`Blueprint::KIND`].
+    const PLURAL: &'static str;
+    /// See [`Blueprint::KIND`].
+    const SHORT: &'static str;
+    /// `app.kubernetes.io/component`.
+    const COMPONENT: &'static str;
+    /// Key of the generated configuration in the ConfigMap (mounted under /etc/stateward).
+    const CONFIG_FILE: &'static str;
+    /// Ports the service listens on.
+    const PORTS: &'static [Port];
+    /// Credential keys and their random byte counts.
+    const SECRET_KEYS: &'static [(&'static str, u32)];
+    /// Allowed `spec.parameters`.
+    const PARAMETERS: &'static [ParamRule];
+    /// Parameters the operator manages itself (refused with a clear message).
+    const FORBIDDEN: &'static [&'static str];
+
+    /// The image for `spec.version` when `spec.image` is not set.
+    fn default_image(version: &str) -> String;
+    /// The generated server configuration.
+    fn config(ctx: &Ctx) -> String;
+    /// The container: command, env, probes, identity, defaults.
+    fn container(ctx: &Ctx, image: String) -> ContainerSpec;
+    /// Client Services.
+    fn client_services() -> Vec<ClientService>;
+    /// Service-specific `.status` fields (e.g. currentPrimary).
+    fn status_extra(ctx: &Ctx, derived: &Derived) -> Map<String, Value>;
+    /// Schema of [`Blueprint::status_extra`]'s fields.
+    fn status_extra_schema() -> Map<String, Value>;
+    /// Service-specific update rules (e.g. scale-down limits).
+    fn validate_update(_new: &Cluster, _old: &Cluster) -> Vec<FieldError> {
+        Vec::new()
+    }
+}
+
+impl<B: Blueprint> Service for B {
+    fn info() -> PluginInfo {
+        PluginInfo {
+            name: B::NAME.into(),
+            version: B::VERSION.into(),
+            kinds: vec![schema::kind_info(B::KIND, B::PLURAL, B::SHORT, &B::status_extra_schema())],
+            owns: OWNS
+                .iter()
+                .map(|(a, k)| ChildKind { api_version: (*a).into(), kind: (*k).into() })
+                .collect(),
+        }
+    }
+
+    fn validate(new: &str, old: Option<&str>) -> Vec<FieldError> {
+        validate::<B>(new, old)
+    }
+
+    fn reconcile(input: Observed) -> Result<Plan, String> {
+        reconcile::<B>(&input)
+    }
+
+    fn finalize(input: Observed) -> Result<Cleanup, String> {
+        finalize(&input)
+    }
+
+    fn convert(object: &str, to_version: &str) -> Result<String, String> {
+        crate::convert::convert(object, to_version)
+    }
+}
+
+fn check_kind<B: Blueprint>(obj: &Value) -> Result<(), FieldError> {
+    match str_at(obj, &["kind"]) {
+        Some(k) if k == B::KIND => Ok(()),
+        Some(k) => Err(FieldError::new("kind", format!("{k:?} is not {}", B::KIND))),
+        None => Err(FieldError::new("kind", "is required")),
+    }
+}
+
+fn parse<B: Blueprint>(text: &str) -> Result<Cluster, Vec<FieldError>> {
+    let obj = parse_object(text).map_err(|e| vec![e])?;
+    check_kind::<B>(&obj).map_err(|e| vec![e])?;
+    let cluster = parse_cluster(&obj)?;
+    let errs = check_parameters(&cluster.spec.parameters, B::PARAMETERS, B::FORBIDDEN);
+    if errs.is_empty() {
+        Ok(cluster)
+    } else {
+        Err(errs)
+    }
+}
+
+/// Semantic checks: spec shape, parameters, and on update the transitions that are unsafe.
+pub fn validate<B: Blueprint>(new: &str, old: Option<&str>) -> Vec<FieldError> {
+    let new = match parse::<B>(new) {
+        Ok(c) => c,
+        Err(errs) => return errs,
+    };
+    // An old object that no longer parses (e.g. written by an older plugin) allows any fix.
+    let Some(Ok(old)) = old.map(parse::<B>) else { return Vec::new() };
+    let mut errs = Vec::new();
+    if new.spec.storage.class_name != old.spec.storage.class_name {
+        errs.push(FieldError::new("spec.storage.className", "is immutable"));
+    }
+    if new.spec.storage.size != old.spec.storage.size {
+        errs.push(FieldError::new(
+            "spec.storage.size",
+            format!("cannot change from {} to {}: volume resize is not supported yet", old.spec.storage.size, new.spec.storage.size),
+        ));
+    }
+    let (nv, ov) = (version_numbers(&new.spec.version), version_numbers(&old.spec.version));
+    if nv.first() < ov.first() {
+        errs.push(FieldError::new(
+            "spec.version",
+            format!("downgrade from {} to {} crosses a major version", old.spec.version, new.spec.version),
+        ));
+    }
+    errs.extend(B::validate_update(&new, &old));
+    errs
+}
+
+fn ctx<B: Blueprint>(cluster: &Cluster) -> Ctx<'_> {
+    Ctx { cluster, service: B::NAME, component: B::COMPONENT }
+}
+
+fn parse_children(children: &[String]) -> Result<Vec<Value>, String> {
+    children
+        .iter()
+        .enumerate()
+        .map(|(i, c)| serde_json::from_str(c).map_err(|e| format!("child {i} is not JSON: {e}")))
+        .collect()
+}
+
+/// The desired children of a cluster, in apply order (config before the pods that mount it).
+pub fn desired<B: Blueprint>(ctx: &Ctx) -> (Vec<Action>, String) {
+    let config = B::config(ctx);
+    let image = ctx.cluster.spec.image.clone().unwrap_or_else(|| B::default_image(&ctx.cluster.spec.version));
+    let container = B::container(ctx, image.clone());
+    let hash = fnv1a(format!("{}\n{}", B::CONFIG_FILE, config).as_bytes());
+    let mut actions = vec![
+        Action::EnsureSecret(objects::credentials(ctx, B::SECRET_KEYS)),
+        Action::Apply(to_text(&objects::config_map(ctx, &[(B::CONFIG_FILE, &config)]))),
+        Action::Apply(to_text(&objects::headless_service(ctx, B::PORTS))),
+    ];
+    for svc in B::client_services() {
+        let name = if svc.suffix.is_empty() {
+            ctx.name().to_string()
+        } else {
+            format!("{}-{}", ctx.name(), svc.suffix)
+        };
+        let extra = if svc.primary_only { vec![(objects::POD_NAME_LABEL, ctx.pod(0))] } else { vec![] };
+        actions.push(Action::Apply(to_text(&objects::client_service(ctx, &name, B::PORTS, &extra))));
+    }
+    actions.push(Action::Apply(to_text(&objects::pod_disruption_budget(ctx))));
+    actions.push(Action::Apply(to_text(&statefulset::stateful_set(ctx, &container, &hash))));
+    (actions, image)
+}
+
+fn report<B: Blueprint>(ctx: Option<&Ctx>, d: &Derived) -> StatusReport {
+    let mut extra = Map::new();
+    extra.insert("readyReplicas".into(), json!(d.ready_replicas));
+    extra.insert("plugin".into(), json!(format!("{}@{}", B::NAME, B::VERSION)));
+    if let Some(ctx) = ctx {
+        extra.extend(B::status_extra(ctx, d));
+    }
+    StatusReport { phase: d.phase, conditions: d.conditions.clone(), extra: to_text(&Value::Object(extra)) }
+}
+
+/// Observed state in, plan out. An unusable spec is not an error of the plugin: it yields an
+/// empty plan with phase Failed and Degraded/InvalidSpec naming the fields.
+pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
+    let obj = parse_object(&input.resource).map_err(|e| format!("resource: {}", e.message))?;
+    check_kind::<B>(&obj).map_err(|e| format!("resource: {}: {}", e.path, e.message))?;
+    let children = parse_children(&input.children)?;
+    let last_phase = str_at(&obj, &["status", "phase"]);
+    let cluster = match parse::<B>(&input.resource) {
+        Ok(c) => c,
+        Err(errs) => {
+            let msg = errs.iter().map(|e| format!("{}: {}", e.path, e.message)).collect::<Vec<_>>().join("; ");
+            let d = invalid_spec(msg);
+            return Ok(Plan {
+                actions: Vec::new(),
+                status: report::<B>(None, &d),
+                events: phase_event(last_phase, d.phase).into_iter().collect(),
+                requeue_after_ms: None,
+            });
+        }
+    };
+    let ctx = ctx::<B>(&cluster);
+    let (actions, image) = desired::<B>(&ctx);
+    let sts = find_child(&children, "StatefulSet", ctx.name());
+    let d = derive(&cluster, sts, &image);
+    Ok(Plan {
+        actions,
+        status: report::<B>(Some(&ctx), &d),
+        events: phase_event(cluster.last_phase.as_deref(), d.phase).into_iter().collect(),
+        requeue_after_ms: d.requeue_after_ms,
+    })
+}
+
+/// Cleanup on delete. Retain: done at once, the volumes stay. Delete: delete the StatefulSet
+/// (its pods hold the claims) and every data claim of this cluster; done when none is left.
+pub fn finalize(input: &Observed) -> Result<Cleanup, String> {
+    let obj = parse_object(&input.resource).map_err(|e| format!("resource: {}", e.message))?;
+    let children = parse_children(&input.children)?;
+    let name = str_at(&obj, &["metadata", "name"]).ok_or("resource: metadata.name is missing")?;
+    let retention = match str_at(&obj, &["spec", "retentionPolicy"]) {
+        Some("Delete") => Retention::Delete,
+        _ => Retention::Retain,
+    };
+    if retention == Retention::Retain {
+        return Ok(Cleanup {
+            actions: Vec::new(),
+            events: vec![Event {
+                type_: EventType::Normal,
+                reason: "VolumesRetained".into(),
+                message: "retentionPolicy is Retain: the data volumes are kept".into(),
+            }],
+            done: true,
+        });
+    }
+    let claim_prefix = format!("{DATA_VOLUME}-{name}-");
+    let mut actions = Vec::new();
+    for child in &children {
+        let kind = str_at(child, &["kind"]).unwrap_or_default();
+        let child_name = str_at(child, &["metadata", "name"]).unwrap_or_default();
+        let ours = str_at(child, &["metadata", "labels", INSTANCE_LABEL]) == Some(name);
+        let target = match kind {
+            "StatefulSet" if child_name == name => Some("apps/v1"),
+            "PersistentVolumeClaim" if ours && child_name.starts_with(&claim_prefix) => Some("v1"),
+            _ => None,
+        };
+        if let Some(api_version) = target {
+            actions.push(Action::Delete(ObjectRef {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: child_name.into(),
+            }));
+        }
+    }
+    let done = actions.is_empty();
+    let events = if done {
+        Vec::new()
+    } else {
+        vec![Event {
+            type_: EventType::Normal,
+            reason: "DeletingVolumes".into(),
+            message: format!("retentionPolicy is Delete: deleting {} object(s)", actions.len()),
+        }]
+    };
+    Ok(Cleanup { actions, events, done })
+}

@@ -1,0 +1,139 @@
+//! Status derivation from the observed StatefulSet: phase, conditions, events, requeue.
+
+use serde_json::Value;
+
+use crate::json::{at, i64_at, str_at};
+use crate::spec::Cluster;
+use crate::types::{Condition, ConditionStatus, Event, EventType, Phase};
+
+/// Requeue while something is still moving.
+pub const REQUEUE_PROGRESSING_MS: u64 = 10_000;
+/// Requeue while converged but not every replica is ready.
+pub const REQUEUE_DEGRADED_MS: u64 = 30_000;
+
+/// What the plugin concluded about the cluster's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Derived {
+    pub phase: Phase,
+    pub conditions: Vec<Condition>,
+    pub ready_replicas: i64,
+    pub requeue_after_ms: Option<u64>,
+}
+
+/// Finds a child by kind and name.
+pub fn find_child<'a>(children: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    children
+        .iter()
+        .find(|c| str_at(c, &["kind"]) == Some(kind) && str_at(c, &["metadata", "name"]) == Some(name))
+}
+
+fn cond(type_: &str, status: ConditionStatus, reason: &str, message: String) -> Condition {
+    Condition { type_: type_.into(), status, reason: reason.into(), message }
+}
+
+/// Derives the status from the observed StatefulSet (if any) and the image the plan wants.
+pub fn derive(cluster: &Cluster, sts: Option<&Value>, desired_image: &str) -> Derived {
+    use ConditionStatus::{False, True};
+    let desired = cluster.spec.replicas;
+    let Some(sts) = sts else {
+        let phase = if cluster.deleting { Phase::Deleting } else { Phase::Pending };
+        return Derived {
+            phase,
+            conditions: vec![
+                cond("Available", False, "StatefulSetMissing", "the StatefulSet does not exist yet".into()),
+                cond("Progressing", True, "Creating", format!("creating {desired} replicas")),
+                cond("Degraded", False, "AsExpected", "nothing has failed".into()),
+            ],
+            ready_replicas: 0,
+            requeue_after_ms: Some(REQUEUE_PROGRESSING_MS),
+        };
+    };
+    let spec_replicas = i64_at(sts, &["spec", "replicas"]).unwrap_or(1);
+    let replicas = i64_at(sts, &["status", "replicas"]).unwrap_or(0);
+    let ready = i64_at(sts, &["status", "readyReplicas"]).unwrap_or(0);
+    let updated = i64_at(sts, &["status", "updatedReplicas"]).unwrap_or(0);
+    let current_rev = str_at(sts, &["status", "currentRevision"]);
+    let update_rev = str_at(sts, &["status", "updateRevision"]);
+    let generation = i64_at(sts, &["metadata", "generation"]).unwrap_or(0);
+    let seen_generation = i64_at(sts, &["status", "observedGeneration"]).unwrap_or(0);
+    let image = at(sts, &["spec", "template", "spec", "containers"])
+        .and_then(|c| c.get(0))
+        .and_then(|c| str_at(c, &["image"]));
+    let creating = matches!(cluster.last_phase.as_deref(), None | Some("Pending"));
+
+    let (phase, reason, message) = if cluster.deleting {
+        (Phase::Deleting, "Deleting", "the cluster is being deleted".to_string())
+    } else if spec_replicas != desired || (replicas != desired && !creating) {
+        (Phase::Scaling, "Scaling", format!("scaling from {replicas} to {desired} replicas"))
+    } else if image != Some(desired_image)
+        || (update_rev.is_some() && current_rev != update_rev)
+        || seen_generation < generation
+        || (updated < desired && !creating)
+    {
+        (Phase::Upgrading, "RollingUpdate", format!("{updated} of {desired} replicas updated"))
+    } else if ready >= desired {
+        (Phase::Running, "Converged", format!("{ready} of {desired} replicas ready"))
+    } else if creating {
+        (Phase::Pending, "Creating", format!("{ready} of {desired} replicas ready"))
+    } else {
+        (Phase::Running, "Converged", format!("{ready} of {desired} replicas ready"))
+    };
+    let progressing = phase != Phase::Running;
+    let degraded = phase == Phase::Running && ready < desired;
+    let available = if ready >= desired {
+        cond("Available", True, "AllReplicasReady", format!("{ready} of {desired} replicas ready"))
+    } else if ready > 0 {
+        cond("Available", True, "SomeReplicasReady", format!("{ready} of {desired} replicas ready"))
+    } else {
+        cond("Available", False, "NoReplicasReady", format!("0 of {desired} replicas ready"))
+    };
+    let progressing_c = if progressing {
+        cond("Progressing", True, reason, message)
+    } else {
+        cond("Progressing", False, "Converged", message)
+    };
+    let degraded_c = if degraded {
+        cond("Degraded", True, "ReplicasNotReady", format!("{} of {desired} replicas not ready", desired - ready))
+    } else {
+        cond("Degraded", False, "AsExpected", "nothing has failed".into())
+    };
+    Derived {
+        phase,
+        conditions: vec![available, progressing_c, degraded_c],
+        ready_replicas: ready,
+        requeue_after_ms: if progressing {
+            Some(REQUEUE_PROGRESSING_MS)
+        } else if degraded {
+            Some(REQUEUE_DEGRADED_MS)
+        } else {
+            None
+        },
+    }
+}
+
+/// The status of a CR whose spec cannot be used: phase Failed, Degraded/InvalidSpec.
+pub fn invalid_spec(message: String) -> Derived {
+    use ConditionStatus::{False, True, Unknown};
+    Derived {
+        phase: Phase::Failed,
+        conditions: vec![
+            cond("Available", Unknown, "InvalidSpec", "the spec cannot be reconciled".into()),
+            cond("Progressing", False, "InvalidSpec", "waiting for a valid spec".into()),
+            cond("Degraded", True, "InvalidSpec", message),
+        ],
+        ready_replicas: 0,
+        requeue_after_ms: None,
+    }
+}
+
+/// An Event when the phase changes from the one last written.
+pub fn phase_event(last: Option<&str>, phase: Phase) -> Option<Event> {
+    if last == Some(phase.as_str()) {
+        return None;
+    }
+    Some(Event {
+        type_: if phase == Phase::Failed { EventType::Warning } else { EventType::Normal },
+        reason: "PhaseChanged".into(),
+        message: format!("phase {} -> {}", last.unwrap_or("(none)"), phase.as_str()),
+    })
+}
