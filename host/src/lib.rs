@@ -1,6 +1,8 @@
 //! stateward: a Kubernetes operator host that delegates each service's logic to a sandboxed
 //! WebAssembly plugin and gates every change through Rego policy.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+pub mod crd;
 pub mod policy;
+pub mod render;
 pub mod runtime;

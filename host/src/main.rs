@@ -1,1 +1,274 @@
-fn main() {}
+//! The `stateward` command: the operator and its offline tools.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use stateward::runtime::{AllocatorKind, Limits, Plugin, Registry, Sandbox};
+
+#[derive(Parser)]
+#[command(name = "stateward", version, about = "Kubernetes operator for stateful services, with Wasm plugins and Rego policy")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the plan a plugin makes for a resource, offline.
+    Render(RenderArgs),
+    /// Render the CustomResourceDefinitions the plugins declare.
+    Crds {
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+        /// Write one file per CRD into this directory instead of printing.
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
+    /// Plugin tools.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+    /// Policy tools.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Audit log tools.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+}
+
+#[derive(Args)]
+struct SandboxArgs {
+    /// Directory of built-in plugin `.wasm` files.
+    #[arg(long, env = "STATEWARD_PLUGIN_DIR", default_value = "target/plugins")]
+    plugin_dir: PathBuf,
+    /// Where precompiled plugins are cached between starts.
+    #[arg(long, env = "STATEWARD_WASM_CACHE")]
+    wasm_cache: Option<PathBuf>,
+    /// Wall-clock budget of one plugin call.
+    #[arg(long, default_value = "2000", value_name = "MS")]
+    plugin_timeout_ms: u64,
+    /// Memory cap of one plugin call.
+    #[arg(long, default_value = "64", value_name = "MIB")]
+    plugin_memory_mib: usize,
+    /// Cap on what one plugin call may return.
+    #[arg(long, default_value = "4", value_name = "MIB")]
+    plugin_output_mib: usize,
+    #[arg(long, value_enum, default_value = "auto")]
+    allocator: AllocatorKind,
+}
+
+impl SandboxArgs {
+    fn sandbox(&self) -> anyhow::Result<Arc<Sandbox>> {
+        let limits = Limits {
+            budget: Duration::from_millis(self.plugin_timeout_ms),
+            memory_bytes: self.plugin_memory_mib << 20,
+            output_bytes: self.plugin_output_mib << 20,
+            ..Limits::default()
+        };
+        Ok(Sandbox::new(limits, self.allocator, self.wasm_cache.clone())?)
+    }
+
+    fn registry(&self) -> anyhow::Result<Registry> {
+        let sandbox = self.sandbox()?;
+        Registry::load_dir(&sandbox, &self.plugin_dir).with_context(|| {
+            format!(
+                "loading plugins from {} (build them with scripts/build-plugins)",
+                self.plugin_dir.display()
+            )
+        })
+    }
+}
+
+#[derive(Args)]
+struct RenderArgs {
+    /// The custom resource (YAML or JSON).
+    #[arg(short = 'f', long = "file")]
+    file: PathBuf,
+    /// Observed children (YAML documents), as if read from the cluster.
+    #[arg(long)]
+    children: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "yaml")]
+    output: Output,
+    /// Milliseconds since the epoch handed to the plugin as `now` (default: the clock).
+    #[arg(long)]
+    now_ms: Option<u64>,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Yaml,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Name, version, kinds, digest, size, imports and exports of a `.wasm`.
+    Inspect {
+        file: PathBuf,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Run the `test_*` rules of every `*_test.rego` in DIR.
+    Test {
+        #[arg(default_value = "policies")]
+        dir: PathBuf,
+    },
+    /// Evaluate a query against the bundle in --dir with an input document.
+    Eval {
+        #[arg(long)]
+        input: PathBuf,
+        #[arg(long, default_value = "data.stateward.guardrails.deny")]
+        path: String,
+        #[arg(long, default_value = "policies")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Check an audit log's hash chain; reports the first broken line.
+    Verify { file: PathBuf },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Render(args) => render(args),
+        Command::Crds { sandbox, out_dir } => crds(&sandbox, out_dir),
+        Command::Plugin(PluginCommand::Inspect { file, sandbox }) => inspect(&sandbox, &file),
+        Command::Policy(PolicyCommand::Test { dir }) => {
+            Ok(exit(stateward::policy::cli::test(&dir)?))
+        }
+        Command::Policy(PolicyCommand::Eval { input, path, dir }) => {
+            let value = stateward::policy::cli::eval(&dir, &input, &path)?;
+            println!("{}", serde_json::to_string_pretty(&value)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Audit(AuditCommand::Verify { file }) => {
+            Ok(exit(stateward::policy::cli::verify_audit(&file)?))
+        }
+    }
+}
+
+fn exit(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
+    use stateward::render;
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+    };
+    let mut resources = render::parse_documents(&read(&args.file)?, "resource file")?;
+    if resources.len() != 1 {
+        bail!(
+            "{} holds {} documents; render takes exactly one resource",
+            args.file.display(),
+            resources.len()
+        );
+    }
+    let children = match &args.children {
+        Some(p) => render::parse_documents(&read(p)?, "children file")?,
+        None => Vec::new(),
+    };
+    let now_ms = args.now_ms.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    });
+    let registry = args.sandbox.registry()?;
+    let rendered = render::render(&registry, resources.remove(0), &children, now_ms)?;
+    let text = match args.output {
+        Output::Yaml => render::to_yaml(&rendered)?,
+        Output::Json => serde_json::to_string_pretty(&rendered)? + "\n",
+    };
+    std::io::stdout().write_all(text.as_bytes())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn crds(args: &SandboxArgs, out_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let registry = args.registry()?;
+    let mut all = String::new();
+    for plugin in registry.plugins() {
+        for kind in &plugin.info().kinds {
+            let yaml = yaml_serde::to_string(&stateward::crd::render(kind))?;
+            match &out_dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(dir)?;
+                    let path = dir.join(stateward::crd::file_name(kind));
+                    std::fs::write(&path, &yaml)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
+                None => {
+                    all.push_str("---\n");
+                    all.push_str(&yaml);
+                }
+            }
+        }
+    }
+    print!("{all}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect(args: &SandboxArgs, file: &PathBuf) -> anyhow::Result<ExitCode> {
+    let sandbox = args.sandbox()?;
+    let plugin = Plugin::load_file(&sandbox, file)?;
+    let info = plugin.info();
+    println!("name:     {}", info.name);
+    println!("version:  {}", info.version);
+    for kind in &info.kinds {
+        let versions: Vec<String> = kind
+            .versions
+            .iter()
+            .map(|v| format!("{}{}", v.name, if v.storage { " (storage)" } else { "" }))
+            .collect();
+        println!("kind:     {}.{} [{}]", kind.kind, kind.group, versions.join(", "));
+    }
+    println!("digest:   sha256:{}", plugin.digest());
+    println!("size:     {} bytes", plugin.size());
+    let owns: Vec<String> = info
+        .owns
+        .iter()
+        .map(|c| format!("{} {}", c.api_version, c.kind))
+        .collect();
+    println!("owns:     {}", owns.join(", "));
+    println!("imports:");
+    for i in plugin.imports() {
+        println!("  {i}");
+    }
+    println!("exports:");
+    for e in plugin.exports() {
+        println!("  {e}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

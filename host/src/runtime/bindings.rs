@@ -1,0 +1,6 @@
+//! Host bindings generated from the WIT contract in `wit/`.
+
+wasmtime::component::bindgen!({
+    world: "plugin",
+    path: "../wit",
+});
