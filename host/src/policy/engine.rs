@@ -1,0 +1,355 @@
+//! The compiled policy engine: one warmed `regorus::Engine` per bundle digest, cloned for each
+//! decision (a clone shares the parsed modules and data), so evaluation never re-parses and
+//! never holds a lock.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use super::bundle::Bundle;
+use super::error::PolicyError;
+
+/// The three decision points of DESIGN.md §6, each a Rego package with `deny` and optional
+/// `warn` sets of messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum DecisionPoint {
+    /// `data.stateward.admission`: who may change what.
+    Admission,
+    /// `data.stateward.guardrails`: what a plugin's plan may contain.
+    Guardrails,
+    /// `data.stateward.plugins`: which plugin builds may load.
+    Plugins,
+}
+
+impl DecisionPoint {
+    /// All decision points.
+    pub const ALL: [Self; 3] = [Self::Admission, Self::Guardrails, Self::Plugins];
+
+    /// Short name, used in audit labels and enforcement data.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Admission => "admission",
+            Self::Guardrails => "guardrails",
+            Self::Plugins => "plugins",
+        }
+    }
+
+    /// The package path, e.g. `data.stateward.guardrails`.
+    pub fn package(self) -> String {
+        format!("data.stateward.{}", self.name())
+    }
+
+    /// The decision-log `path`, OPA style: `stateward/guardrails`.
+    pub fn log_path(self) -> String {
+        format!("stateward/{}", self.name())
+    }
+}
+
+/// What happens when a rule's deny message fires, chosen per rule in policy data at
+/// `data.stateward.config.enforcement.<point>.<rule-id>` (like Gatekeeper's enforcementAction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Block the change (the default for every rule, and for messages without a rule id).
+    #[default]
+    Deny,
+    /// Apply, but surface a warning.
+    Warn,
+    /// Apply, and only record in the audit log what would have been denied.
+    Dryrun,
+}
+
+impl Mode {
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "deny" => Some(Self::Deny),
+            "warn" => Some(Self::Warn),
+            "dryrun" => Some(Self::Dryrun),
+            _ => None,
+        }
+    }
+}
+
+/// The rule id of a message: the text before the first `": "` when it is a non-empty run of
+/// `[a-z0-9-]`, e.g. `privileged` in `"privileged: container db runs privileged"`.
+pub fn rule_id(message: &str) -> Option<&str> {
+    let (id, _) = message.split_once(": ")?;
+    let ok = !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    ok.then_some(id)
+}
+
+/// The raw outcome of evaluating one decision point: what the policy said, before enforcement
+/// modes are applied. A failed evaluation has `error` set and is treated as a deny.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Evaluation {
+    /// The `deny` set, sorted.
+    pub deny: Vec<String>,
+    /// The `warn` set, sorted (empty when the package has no `warn` rule).
+    pub warn: Vec<String>,
+    /// Why evaluation failed (missing rule, evaluation error, wrong result type).
+    pub error: Option<String>,
+    /// Wall time of the Rego evaluation, for `metrics.timer_rego_eval_ns`.
+    pub eval_ns: u64,
+}
+
+/// One `test_*` rule's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestOutcome {
+    /// Full rule path, e.g. `data.stateward.guardrails_test.test_privileged_denied`.
+    pub name: String,
+    /// True when the rule evaluated to `true`.
+    pub passed: bool,
+    /// The evaluation error, if any.
+    pub error: Option<String>,
+}
+
+/// A compiled, immutable bundle. Share it as `Arc<PolicyEngine>`; `evaluate` takes `&self`.
+#[derive(Debug)]
+pub struct PolicyEngine {
+    engine: regorus::Engine,
+    digest: String,
+    enforcement: BTreeMap<DecisionPoint, BTreeMap<String, Mode>>,
+    has_warn: BTreeSet<DecisionPoint>,
+    points: BTreeSet<DecisionPoint>,
+    tests: Vec<String>,
+}
+
+impl PolicyEngine {
+    /// Parses and compiles `bundle`. Fails on a syntax error, bad data, an invalid enforcement
+    /// mode, or a decision point whose `deny` rule errors on an empty input.
+    pub fn compile(bundle: &Bundle) -> Result<Self, PolicyError> {
+        let mut engine = regorus::Engine::new();
+        let mut packages: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut tests = Vec::new();
+        for m in bundle.modules() {
+            let package = engine
+                .add_policy(m.name.clone(), m.contents.clone())
+                .map_err(|e| PolicyError::ParsePolicy {
+                    file: m.name.clone(),
+                    message: e.to_string(),
+                })?;
+            for rule in test_rule_names(&m.contents) {
+                tests.push(format!("{package}.{rule}"));
+            }
+            packages.entry(package).or_default().push(m.name.clone());
+        }
+        tests.sort();
+        tests.dedup();
+        for (file, doc) in bundle.data_documents()? {
+            engine
+                .add_data(regorus::Value::from(doc))
+                .map_err(|e| PolicyError::LoadData { file, message: e.to_string() })?;
+        }
+
+        let mut points = BTreeSet::new();
+        let mut has_warn = BTreeSet::new();
+        for point in DecisionPoint::ALL {
+            let Some(files) = packages.get(&point.package()) else {
+                continue;
+            };
+            points.insert(point);
+            for f in files {
+                if engine.has_declared_rule_rooted_at(f, "warn").unwrap_or(false) {
+                    has_warn.insert(point);
+                }
+            }
+        }
+        let enforcement = read_enforcement(&engine)?;
+
+        let mut this = Self {
+            engine,
+            digest: bundle.digest().to_string(),
+            enforcement,
+            has_warn,
+            points,
+            tests,
+        };
+        // Warm up: the first evaluation prepares (analyses and schedules) the modules; the
+        // prepared state is what every per-decision clone starts from. It also surfaces
+        // errors the parser cannot see.
+        this.engine.set_input(regorus::Value::new_object());
+        for point in this.points.clone() {
+            let path = format!("{}.deny", point.package());
+            this.engine
+                .eval_rule(path.clone())
+                .map_err(|e| PolicyError::CompileBundle(format!("{path}: {e}")))?;
+        }
+        Ok(this)
+    }
+
+    /// Compiles `bundle` and runs its `test_*` rules; rejects the bundle whole if any fails.
+    /// Use this for bundles that replace a running one (hot reload).
+    pub fn compile_tested(bundle: &Bundle) -> Result<Self, PolicyError> {
+        let this = Self::compile(bundle)?;
+        let failed: Vec<String> = this
+            .run_tests()
+            .into_iter()
+            .filter(|t| !t.passed)
+            .map(|t| t.name)
+            .collect();
+        if failed.is_empty() {
+            Ok(this)
+        } else {
+            Err(PolicyError::TestBundle(failed.join(", ")))
+        }
+    }
+
+    /// The bundle digest this engine was compiled from.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// The decision points the bundle defines.
+    pub fn points(&self) -> impl Iterator<Item = DecisionPoint> + '_ {
+        self.points.iter().copied()
+    }
+
+    /// The enforcement mode of `rule` at `point` (default [`Mode::Deny`]).
+    pub fn mode(&self, point: DecisionPoint, rule: Option<&str>) -> Mode {
+        rule.and_then(|r| self.enforcement.get(&point)?.get(r).copied())
+            .unwrap_or_default()
+    }
+
+    /// Evaluates `deny` (and `warn`) of `point` for `input`. Never fails: a missing package or
+    /// rule, an evaluation error or a result that is not a set of strings comes back in
+    /// `error`, which callers treat as a deny.
+    pub fn evaluate(&self, point: DecisionPoint, input: &serde_json::Value) -> Evaluation {
+        let start = Instant::now();
+        let mut out = Evaluation::default();
+        if !self.points.contains(&point) {
+            out.error = Some(format!("bundle has no package {}", point.package()));
+            return out;
+        }
+        let mut engine = self.engine.clone();
+        engine.set_input(regorus::Value::from(input.clone()));
+        let deny_path = format!("{}.deny", point.package());
+        match engine.eval_rule(deny_path.clone()) {
+            Ok(v) => match messages(&v) {
+                Some(m) => out.deny = m,
+                None => out.error = Some(format!("{deny_path} is not a set of strings: {v}")),
+            },
+            Err(e) => out.error = Some(format!("{deny_path}: {e}")),
+        }
+        if out.error.is_none() && self.has_warn.contains(&point) {
+            let warn_path = format!("{}.warn", point.package());
+            match engine.eval_rule(warn_path.clone()) {
+                Ok(regorus::Value::Undefined) => {}
+                Ok(v) => match messages(&v) {
+                    Some(m) => out.warn = m,
+                    None => out.error = Some(format!("{warn_path} is not a set of strings: {v}")),
+                },
+                Err(e) => out.error = Some(format!("{warn_path}: {e}")),
+            }
+        }
+        out.eval_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        out
+    }
+
+    /// Evaluates an arbitrary query (a rule, a package, or `data`) for `input`, as
+    /// `opa eval -d DIR -i FILE QUERY` does. An undefined result is JSON `null`.
+    pub fn query(
+        &self,
+        path: &str,
+        input: &serde_json::Value,
+    ) -> Result<serde_json::Value, PolicyError> {
+        let err = |message: String| PolicyError::Evaluate { path: path.to_string(), message };
+        let mut engine = self.engine.clone();
+        engine.set_input(regorus::Value::from(input.clone()));
+        let results = engine.eval_query(path.to_string(), false).map_err(|e| err(e.to_string()))?;
+        let Some(value) = results
+            .result
+            .first()
+            .and_then(|r| r.expressions.first())
+            .map(|e| e.value.clone())
+        else {
+            return Ok(serde_json::Value::Null);
+        };
+        let json = value.to_json_str().map_err(|e| err(e.to_string()))?;
+        serde_json::from_str(&json).map_err(|e| err(e.to_string()))
+    }
+
+    /// Runs every `test_*` rule of the bundle (all modules, as `opa test` does).
+    pub fn run_tests(&self) -> Vec<TestOutcome> {
+        self.tests
+            .iter()
+            .map(|name| {
+                let mut engine = self.engine.clone();
+                engine.set_input(regorus::Value::Undefined);
+                match engine.eval_rule(name.clone()) {
+                    Ok(v) => TestOutcome {
+                        name: name.clone(),
+                        passed: v == regorus::Value::Bool(true),
+                        error: None,
+                    },
+                    Err(e) => TestOutcome {
+                        name: name.clone(),
+                        passed: false,
+                        error: Some(e.to_string()),
+                    },
+                }
+            })
+            .collect()
+    }
+}
+
+/// A set (or array) of strings as sorted strings; anything else is `None`.
+fn messages(v: &regorus::Value) -> Option<Vec<String>> {
+    let items: Vec<&regorus::Value> = match v {
+        regorus::Value::Set(s) => s.iter().collect(),
+        regorus::Value::Array(a) => a.iter().collect(),
+        _ => return None,
+    };
+    let mut out = items
+        .into_iter()
+        .map(|i| i.as_string().ok().map(|s| s.to_string()))
+        .collect::<Option<Vec<_>>>()?;
+    out.sort();
+    out.dedup();
+    Some(out)
+}
+
+/// Names of top-level `test_*` rules: a rule head starts in column 0 of a module.
+fn test_rule_names(source: &str) -> Vec<String> {
+    source
+        .lines()
+        .filter(|l| l.starts_with("test_"))
+        .map(|l| {
+            l.chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect::<String>()
+        })
+        .collect()
+}
+
+fn read_enforcement(
+    engine: &regorus::Engine,
+) -> Result<BTreeMap<DecisionPoint, BTreeMap<String, Mode>>, PolicyError> {
+    let bad = |m: String| PolicyError::CompileBundle(format!("enforcement data: {m}"));
+    let data = engine.get_data().to_json_str().map_err(|e| bad(e.to_string()))?;
+    let data: serde_json::Value = serde_json::from_str(&data).map_err(|e| bad(e.to_string()))?;
+    let mut out = BTreeMap::new();
+    let Some(table) = data.pointer("/stateward/config/enforcement") else {
+        return Ok(out);
+    };
+    let table = table.as_object().ok_or_else(|| bad("not an object".into()))?;
+    for (point_name, rules) in table {
+        let point = DecisionPoint::ALL
+            .into_iter()
+            .find(|p| p.name() == point_name)
+            .ok_or_else(|| bad(format!("unknown decision point {point_name}")))?;
+        let rules = rules
+            .as_object()
+            .ok_or_else(|| bad(format!("{point_name}: not an object")))?;
+        let mut modes = BTreeMap::new();
+        for (rule, mode) in rules {
+            let mode = mode
+                .as_str()
+                .and_then(Mode::parse)
+                .ok_or_else(|| bad(format!("{point_name}.{rule}: mode must be deny, warn or dryrun")))?;
+            modes.insert(rule.clone(), mode);
+        }
+        out.insert(point, modes);
+    }
+    Ok(out)
+}
