@@ -116,12 +116,21 @@ fn check_kind<B: Blueprint>(obj: &Value) -> Result<(), FieldError> {
 fn parse<B: Blueprint>(text: &str) -> Result<Cluster, Vec<FieldError>> {
     let obj = parse_object(text).map_err(|e| vec![e])?;
     check_kind::<B>(&obj).map_err(|e| vec![e])?;
-    let cluster = parse_cluster(&obj)?;
-    let errs = check_parameters(&cluster.spec.parameters, B::PARAMETERS, B::FORBIDDEN);
-    if errs.is_empty() {
-        Ok(cluster)
-    } else {
-        Err(errs)
+    // Parameter errors are reported alongside any other field error.
+    let params: std::collections::BTreeMap<String, String> = obj
+        .get("spec")
+        .and_then(|s| s.get("parameters"))
+        .and_then(Value::as_object)
+        .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
+        .unwrap_or_default();
+    let mut errs = check_parameters(&params, B::PARAMETERS, B::FORBIDDEN);
+    match parse_cluster(&obj) {
+        Ok(cluster) if errs.is_empty() => Ok(cluster),
+        Ok(_) => Err(errs),
+        Err(mut more) => {
+            more.append(&mut errs);
+            Err(more)
+        }
     }
 }
 
@@ -212,6 +221,7 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
         Ok(c) => c,
         Err(errs) => {
             let msg = errs.iter().map(|e| format!("{}: {}", e.path, e.message)).collect::<Vec<_>>().join("; ");
+            crate::log(Level::Warn, &format!("{} {}: invalid spec: {msg}", B::KIND, str_at(&obj, &["metadata", "name"]).unwrap_or("?")));
             let d = invalid_spec(msg);
             return Ok(Plan {
                 actions: Vec::new(),

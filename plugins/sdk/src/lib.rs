@@ -14,6 +14,8 @@ pub mod schema;
 pub mod spec;
 pub mod status;
 pub mod types;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use types::*;
 

@@ -1,0 +1,433 @@
+//! Test helpers (feature `testkit`): real CR and child JSON as the host would observe it, and
+//! [`plugin_suite!`](crate::plugin_suite), the behaviour every plugin must show.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::expect_used, missing_docs)]
+
+use serde_json::{json, Value};
+
+use crate::schema::GROUP;
+use crate::types::{Action, Observed, Plan};
+
+/// A v1 CR of `kind` called `name` with `spec`, generation 1, in namespace "db".
+pub fn cr(kind: &str, name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": format!("{GROUP}/v1"),
+        "kind": kind,
+        "metadata": { "name": name, "namespace": "db", "uid": "0b5c1a4e-1", "generation": 1 },
+        "spec": spec,
+    })
+}
+
+/// Sets `.status.phase` as the host would have written it after an earlier reconcile.
+pub fn with_phase(mut cr: Value, phase: &str) -> Value {
+    cr["status"] = json!({ "phase": phase });
+    cr
+}
+
+/// Observed input for `reconcile`/`finalize`.
+pub fn observed(cr: &Value, children: &[Value]) -> Observed {
+    Observed {
+        resource: cr.to_string(),
+        children: children.iter().map(Value::to_string).collect(),
+        now_ms: 1_700_000_000_000,
+    }
+}
+
+/// The objects a plan applies, as the host would store them (namespace set), plus the Secret.
+pub fn applied(plan: &Plan) -> Vec<Value> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Apply(text) => {
+                let mut v: Value = serde_json::from_str(text).unwrap();
+                v["metadata"]["namespace"] = json!("db");
+                Some(v)
+            }
+            Action::EnsureSecret(s) => {
+                let data: serde_json::Map<String, Value> =
+                    s.keys.iter().map(|(k, _)| (k.clone(), json!("c2VjcmV0"))).collect();
+                let labels: serde_json::Map<String, Value> =
+                    s.labels.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+                Some(json!({
+                    "apiVersion": "v1", "kind": "Secret",
+                    "metadata": { "name": s.name, "namespace": "db", "labels": labels },
+                    "data": data,
+                }))
+            }
+            Action::Delete(_) => None,
+        })
+        .collect()
+}
+
+/// The applied object of `kind` in a plan.
+pub fn find(plan: &Plan, kind: &str) -> Value {
+    applied(plan)
+        .into_iter()
+        .find(|o| o["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in plan"))
+}
+
+/// Every applied object of `kind`.
+pub fn find_all(plan: &Plan, kind: &str) -> Vec<Value> {
+    applied(plan).into_iter().filter(|o| o["kind"] == kind).collect()
+}
+
+/// Children where the StatefulSet carries a status as the controller would report it.
+pub fn with_sts_status(children: &[Value], replicas: i64, ready: i64, updated: i64, revs: (&str, &str)) -> Vec<Value> {
+    children
+        .iter()
+        .cloned()
+        .map(|mut c| {
+            if c["kind"] == "StatefulSet" {
+                c["metadata"]["generation"] = json!(1);
+                c["status"] = json!({
+                    "observedGeneration": 1,
+                    "replicas": replicas,
+                    "readyReplicas": ready,
+                    "updatedReplicas": updated,
+                    "currentRevision": revs.0,
+                    "updateRevision": revs.1,
+                });
+            }
+            c
+        })
+        .collect()
+}
+
+/// A bound data claim as the StatefulSet controller creates it for pod `ordinal`.
+pub fn pvc(cluster: &str, ordinal: i64) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": format!("data-{cluster}-{ordinal}"), "namespace": "db",
+            "labels": { "stateward.dev/instance": cluster },
+        },
+        "status": { "phase": "Bound" },
+    })
+}
+
+/// A plan as canonical bytes, for byte-for-byte comparisons.
+pub fn text(plan: &Plan) -> String {
+    serde_json::to_string(plan).unwrap()
+}
+
+/// The status extra of a plan as JSON.
+pub fn extra(plan: &Plan) -> Value {
+    serde_json::from_str(&plan.status.extra).unwrap()
+}
+
+/// The status of condition `type_` as "True"/"False"/"Unknown" and its reason.
+pub fn condition(plan: &Plan, type_: &str) -> (String, String) {
+    let c = plan.status.conditions.iter().find(|c| c.type_ == type_).unwrap();
+    (format!("{:?}", c.status), c.reason.clone())
+}
+
+/// Inputs `validate` must refuse with an error rather than panic or accept.
+pub fn hostile_inputs(valid: &str) -> Vec<String> {
+    let mut v = vec![
+        String::new(),
+        "{".into(),
+        "null".into(),
+        "[]".into(),
+        "42".into(),
+        "\"text\"".into(),
+        "{\"kind\":".into(),
+        "\u{0}\u{1}\u{2}garbage\u{fffd}".into(),
+        valid[..valid.len() / 2].to_string(),
+        valid[..valid.len() - 1].to_string(),
+        // 1 MB: a valid object, a deep nest, and a long array.
+        format!("{{\"kind\":\"X\",\"pad\":\"{}\"}}", "a".repeat(1 << 20)),
+        format!("{}{}", "[".repeat(1 << 20), "]".repeat(1 << 20)),
+        format!("[{}0]", "0,".repeat(1 << 19)),
+    ];
+    let mut big: Value = serde_json::from_str(valid).unwrap();
+    big["spec"]["parameters"] = json!({ "x": "y".repeat(1 << 20) });
+    v.push(big.to_string());
+    v
+}
+
+/// The behaviour every plugin shares, as `#[test]`s in the plugin crate:
+/// `plugin_suite!(Postgres, "PostgresCluster", json!({ ..a valid v1 spec.. }));`
+/// The spec must have 3 replicas and no retentionPolicy.
+#[macro_export]
+macro_rules! plugin_suite {
+    ($ty:ty, $kind:expr, $spec:expr) => {
+        mod suite {
+            #![allow(clippy::unwrap_used, clippy::panic)]
+            use super::*;
+            use serde_json::{json, Value};
+            use $crate::testkit as tk;
+            use $crate::{Action, Phase, Service};
+
+            fn base() -> Value {
+                tk::cr($kind, "main", $spec)
+            }
+            fn plan(cr: &Value, children: &[Value]) -> $crate::Plan {
+                <$ty>::reconcile(tk::observed(cr, children)).unwrap()
+            }
+
+            #[test]
+            fn info_describes_two_versions_and_the_owned_kinds() {
+                let info = <$ty>::info();
+                assert_eq!(info.kinds.len(), 1);
+                let k = &info.kinds[0];
+                assert_eq!((k.group.as_str(), k.kind.as_str()), ("stateward.dev", $kind));
+                let names: Vec<&str> = k.versions.iter().map(|v| v.name.as_str()).collect();
+                assert_eq!(names, ["v1alpha1", "v1"]);
+                assert_eq!(k.versions.iter().filter(|v| v.storage).count(), 1);
+                assert!(k.versions[1].storage);
+                for v in &k.versions {
+                    let schema: Value = serde_json::from_str(&v.schema).unwrap();
+                    assert_eq!(schema["properties"]["spec"]["properties"]["replicas"]["maximum"], 50);
+                    let cols: Value = serde_json::from_str(&v.printer_columns).unwrap();
+                    let wide: Vec<&str> = cols.as_array().unwrap().iter()
+                        .filter(|c| c["priority"] == 1).map(|c| c["name"].as_str().unwrap()).collect();
+                    assert_eq!(wide, ["Available", "Progressing", "Degraded"]);
+                }
+                let v1: Value = serde_json::from_str(&k.versions[1].schema).unwrap();
+                assert_eq!(
+                    v1["properties"]["spec"]["properties"]["storage"]["properties"]["className"]["x-kubernetes-validations"][0]["rule"],
+                    "self == oldSelf"
+                );
+                assert!(v1["properties"]["spec"]["properties"]["deletionProtection"].is_object());
+                let alpha: Value = serde_json::from_str(&k.versions[0].schema).unwrap();
+                assert!(alpha["properties"]["spec"]["properties"]["deletionProtection"].is_null());
+                let owns: Vec<String> = info.owns.iter().map(|o| format!("{}/{}", o.api_version, o.kind)).collect();
+                assert_eq!(owns, [
+                    "apps/v1/StatefulSet", "v1/Service", "v1/ConfigMap", "v1/Secret",
+                    "policy/v1/PodDisruptionBudget", "v1/PersistentVolumeClaim",
+                ]);
+            }
+
+            #[test]
+            fn plan_emits_only_owned_kinds_without_namespace() {
+                let info = <$ty>::info();
+                let p = plan(&base(), &[]);
+                let mut kinds = Vec::new();
+                for a in &p.actions {
+                    if let Action::Apply(t) = a {
+                        let o: Value = serde_json::from_str(t).unwrap();
+                        assert!(o["metadata"]["namespace"].is_null());
+                        assert_eq!(o["metadata"]["labels"]["stateward.dev/instance"], "main");
+                        assert_eq!(o["metadata"]["labels"]["app.kubernetes.io/managed-by"], "stateward");
+                        assert!(info.owns.iter().any(|k| k.api_version == o["apiVersion"] && k.kind == o["kind"]));
+                        kinds.push(o["kind"].as_str().unwrap().to_string());
+                    }
+                }
+                for k in ["StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget"] {
+                    assert!(kinds.iter().any(|x| x == k), "{k} missing");
+                }
+                assert!(p.actions.iter().any(|a| matches!(a, Action::EnsureSecret(s) if s.name == "main-credentials")));
+                let pdb = tk::find(&p, "PodDisruptionBudget");
+                assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+            }
+
+            #[test]
+            fn statefulset_passes_guardrails() {
+                let p = plan(&base(), &[]);
+                let sts = tk::find(&p, "StatefulSet");
+                let pod = &sts["spec"]["template"]["spec"];
+                assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+                assert!(pod["securityContext"]["runAsUser"].as_i64().unwrap() > 0);
+                assert!(pod["hostNetwork"].is_null());
+                for v in pod["volumes"].as_array().unwrap() {
+                    assert!(v["hostPath"].is_null());
+                }
+                for c in pod["containers"].as_array().unwrap() {
+                    let sc = &c["securityContext"];
+                    assert_eq!(sc["allowPrivilegeEscalation"], false);
+                    assert_eq!(sc["privileged"], false);
+                    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+                    assert!(c["resources"]["limits"]["cpu"].is_string());
+                    assert!(c["resources"]["limits"]["memory"].is_string());
+                    assert!(c["readinessProbe"].is_object() && c["livenessProbe"].is_object());
+                    assert!(c["readinessProbe"]["tcpSocket"].is_null(), "probe must ask the service itself");
+                }
+                let keys: Vec<&str> = pod["topologySpreadConstraints"].as_array().unwrap().iter()
+                    .map(|t| t["topologyKey"].as_str().unwrap()).collect();
+                assert_eq!(keys, ["topology.kubernetes.io/zone", "kubernetes.io/hostname"]);
+                let vct = &sts["spec"]["volumeClaimTemplates"][0];
+                assert_eq!(vct["metadata"]["labels"]["stateward.dev/instance"], "main");
+                assert!(vct["metadata"]["labels"]["app.kubernetes.io/version"].is_null(), "VCTs are immutable");
+                assert_eq!(sts["spec"]["replicas"], 3);
+                assert!(sts["spec"]["template"]["metadata"]["annotations"]["stateward.dev/config-hash"].is_string());
+            }
+
+            #[test]
+            fn spec_resources_and_priority_class_reach_the_pods() {
+                let mut cr = base();
+                cr["spec"]["resources"] = json!({ "requests": { "cpu": "300m", "memory": "300Mi" }, "limits": { "memory": "600Mi" } });
+                cr["spec"]["priorityClassName"] = json!("databases");
+                let sts = tk::find(&plan(&cr, &[]), "StatefulSet");
+                let pod = &sts["spec"]["template"]["spec"];
+                assert_eq!(pod["priorityClassName"], "databases");
+                let r = &pod["containers"][0]["resources"];
+                assert_eq!(r["requests"], json!({ "cpu": "300m", "memory": "300Mi" }));
+                assert_eq!(r["limits"]["memory"], "600Mi");
+                assert!(r["limits"]["cpu"].is_string(), "default cpu limit");
+            }
+
+            #[test]
+            fn scaling_keeps_the_config_hash() {
+                let h = |cr: &Value| tk::find(&plan(cr, &[]), "StatefulSet")["spec"]["template"]["metadata"]["annotations"]["stateward.dev/config-hash"].clone();
+                let a = h(&base());
+                let mut cr = base();
+                cr["spec"]["replicas"] = json!(4);
+                assert!(a.is_string());
+                assert_eq!(a, h(&cr), "scaling alone must not roll the pods");
+            }
+
+            #[test]
+            fn reconcile_is_idempotent_byte_for_byte() {
+                let cr = base();
+                let first = plan(&cr, &[]);
+                let children = tk::applied(&first);
+                let second = plan(&cr, &children);
+                assert_eq!(first.actions, second.actions, "same applies whatever is observed");
+                let third = plan(&cr, &tk::applied(&second));
+                assert_eq!(tk::text(&second), tk::text(&third));
+                let running = tk::with_phase(cr, "Running");
+                let converged = tk::with_sts_status(&children, 3, 3, 3, ("r1", "r1"));
+                let a = plan(&running, &converged);
+                let b = plan(&running, &converged);
+                assert_eq!(tk::text(&a), tk::text(&b));
+                assert!(a.events.is_empty(), "no event without a phase change");
+                assert_eq!(a.requeue_after_ms, None);
+            }
+
+            #[test]
+            fn phases_follow_the_statefulset() {
+                let cr = base();
+                let children = tk::applied(&plan(&cr, &[]));
+                let p = plan(&cr, &[]);
+                assert_eq!(p.status.phase, Phase::Pending);
+                assert_eq!(tk::condition(&p, "Progressing"), ("True".into(), "Creating".into()));
+                assert_eq!(tk::condition(&p, "Available").0, "False");
+                assert!(p.requeue_after_ms.is_some());
+                assert_eq!(p.events[0].reason, "PhaseChanged");
+
+                let creating = plan(&cr, &tk::with_sts_status(&children, 2, 1, 2, ("r1", "r1")));
+                assert_eq!(creating.status.phase, Phase::Pending);
+
+                let running = tk::with_phase(cr.clone(), "Running");
+                let p = plan(&running, &tk::with_sts_status(&children, 3, 3, 3, ("r1", "r1")));
+                assert_eq!(p.status.phase, Phase::Running);
+                assert_eq!(tk::condition(&p, "Available"), ("True".into(), "AllReplicasReady".into()));
+                assert_eq!(tk::condition(&p, "Progressing").0, "False");
+                assert_eq!(tk::condition(&p, "Degraded").0, "False");
+                assert_eq!(tk::extra(&p)["readyReplicas"], 3);
+
+                let p = plan(&running, &tk::with_sts_status(&children, 3, 2, 3, ("r1", "r1")));
+                assert_eq!(p.status.phase, Phase::Running);
+                assert_eq!(tk::condition(&p, "Degraded"), ("True".into(), "ReplicasNotReady".into()));
+
+                let mut scaled = running.clone();
+                scaled["spec"]["replicas"] = json!(5);
+                let p = plan(&scaled, &tk::with_sts_status(&children, 3, 3, 3, ("r1", "r1")));
+                assert_eq!(p.status.phase, Phase::Scaling);
+                assert_eq!(tk::condition(&p, "Progressing"), ("True".into(), "Scaling".into()));
+                assert_eq!(p.events[0].message, "phase Running -> Scaling");
+
+                let p = plan(&running, &tk::with_sts_status(&children, 3, 3, 1, ("r1", "r2")));
+                assert_eq!(p.status.phase, Phase::Upgrading);
+                assert_eq!(tk::condition(&p, "Progressing").1, "RollingUpdate");
+
+                let mut upgraded = running.clone();
+                upgraded["spec"]["image"] = json!("registry.example/custom:1");
+                let p = plan(&upgraded, &tk::with_sts_status(&children, 3, 3, 3, ("r1", "r1")));
+                assert_eq!(p.status.phase, Phase::Upgrading);
+            }
+
+            #[test]
+            fn invalid_spec_fails_without_actions() {
+                let mut cr = base();
+                cr["spec"]["replicas"] = json!(0);
+                let p = plan(&cr, &[]);
+                assert_eq!(p.status.phase, Phase::Failed);
+                assert!(p.actions.is_empty());
+                assert_eq!(tk::condition(&p, "Degraded"), ("True".into(), "InvalidSpec".into()));
+                assert!(p.status.conditions[2].message.contains("spec.replicas"));
+                assert!(<$ty>::reconcile(tk::observed(&json!({"kind": "Other"}), &[])).is_err());
+                let mut obs = tk::observed(&base(), &[]);
+                obs.children.push("{".into());
+                assert!(<$ty>::reconcile(obs).is_err());
+            }
+
+            #[test]
+            fn retention_policy_reaches_the_statefulset_and_finalize() {
+                let sts = tk::find(&plan(&base(), &[]), "StatefulSet");
+                assert_eq!(sts["spec"]["persistentVolumeClaimRetentionPolicy"], json!({ "whenDeleted": "Retain", "whenScaled": "Retain" }));
+                let mut del = base();
+                del["spec"]["retentionPolicy"] = json!("Delete");
+                let p = plan(&del, &[]);
+                let sts = tk::find(&p, "StatefulSet");
+                assert_eq!(sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"], "Delete");
+
+                let mut children = tk::applied(&p);
+                children.extend([tk::pvc("main", 0), tk::pvc("main", 1), tk::pvc("other", 0)]);
+                let keep = <$ty>::finalize(tk::observed(&base(), &children)).unwrap();
+                assert!(keep.done && keep.actions.is_empty());
+                let c = <$ty>::finalize(tk::observed(&del, &children)).unwrap();
+                assert!(!c.done);
+                let deleted: Vec<String> = c.actions.iter().map(|a| match a {
+                    Action::Delete(r) => format!("{}/{}", r.kind, r.name),
+                    other => panic!("unexpected {other:?}"),
+                }).collect();
+                assert_eq!(deleted, ["StatefulSet/main", "PersistentVolumeClaim/data-main-0", "PersistentVolumeClaim/data-main-1"]);
+                let rest: Vec<Value> = children.into_iter().filter(|c| c["kind"] == "Service").collect();
+                assert!(<$ty>::finalize(tk::observed(&del, &rest)).unwrap().done);
+            }
+
+            #[test]
+            fn validate_refuses_garbage_without_panicking() {
+                let valid = base().to_string();
+                assert_eq!(<$ty>::validate(&valid, None), vec![]);
+                assert_eq!(<$ty>::validate(&valid, Some(&valid)), vec![]);
+                for input in tk::hostile_inputs(&valid) {
+                    assert!(!<$ty>::validate(&input, None).is_empty(), "accepted {:.60}", input);
+                }
+            }
+
+            #[test]
+            fn validate_names_the_fields() {
+                let paths = |cr: &Value, old: Option<&Value>| -> Vec<String> {
+                    let old = old.map(|o| o.to_string());
+                    <$ty>::validate(&cr.to_string(), old.as_deref()).into_iter().map(|e| e.path).collect()
+                };
+                let mut cr = base();
+                cr["spec"]["replicas"] = json!(51);
+                cr["spec"]["storage"]["size"] = json!("ten gigs");
+                cr["spec"]["parameters"] = json!({ "no_such_parameter": "1" });
+                cr["spec"]["version"] = json!("latest");
+                cr["metadata"]["name"] = json!("Bad_Name");
+                let mut got = paths(&cr, None);
+                got.sort();
+                assert_eq!(got, ["metadata.name", "spec.parameters.no_such_parameter", "spec.replicas", "spec.storage.size", "spec.version"]);
+                let mut moved = base();
+                moved["spec"]["storage"]["className"] = json!("other");
+                assert!(paths(&moved, Some(&base())).contains(&"spec.storage.className".to_string()));
+                let mut grown = base();
+                grown["spec"]["storage"]["size"] = json!("999Gi");
+                assert_eq!(paths(&grown, Some(&base())), ["spec.storage.size"]);
+                let mut wrong = base();
+                wrong["kind"] = json!("SomethingElse");
+                assert_eq!(paths(&wrong, None), ["kind"]);
+            }
+
+            #[test]
+            fn conversion_round_trips_this_kind() {
+                let mut cr = base();
+                cr["spec"]["deletionProtection"] = json!(true);
+                cr["spec"]["storage"]["className"] = json!("fast");
+                let alpha = <$ty>::convert(&cr.to_string(), "v1alpha1").unwrap();
+                let a: Value = serde_json::from_str(&alpha).unwrap();
+                assert_eq!(a["apiVersion"], "stateward.dev/v1alpha1");
+                assert_eq!(a["spec"]["storageClassName"], "fast");
+                assert!(a["spec"]["storage"].is_null() && a["spec"]["deletionProtection"].is_null());
+                let back: Value = serde_json::from_str(&<$ty>::convert(&alpha, "v1").unwrap()).unwrap();
+                assert_eq!(back, cr);
+                assert!(<$ty>::convert(&cr.to_string(), "v2").is_err());
+                assert!(<$ty>::convert("{", "v1").is_err());
+            }
+        }
+    };
+}
