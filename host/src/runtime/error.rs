@@ -13,8 +13,8 @@ pub enum RuntimeError {
     },
     #[error("plugin is not a valid WebAssembly component: {0}")]
     NotAComponent(String),
-    #[error("plugin imports `{import}`, which stateward never provides (allowed: wasi:io/*, wasi:cli/*, wasi:random/*, {package}/host@{version})", package = super::WIT_PACKAGE, version = super::WIT_VERSION)]
-    ForbiddenImport { import: String },
+    #[error("plugin imports {}, which stateward never provides (allowed: wasi:io/*, wasi:cli/*, wasi:random/*, {}/*@{})", imports.join(", "), super::WIT_PACKAGE, super::WIT_VERSION)]
+    ForbiddenImport { imports: Vec<String> },
     #[error("plugin was built for WIT `{found}`, this host speaks `{}@{}`", super::WIT_PACKAGE, super::WIT_VERSION)]
     WitVersion { found: String },
     #[error("plugin exports no `{}/service` interface", super::WIT_PACKAGE)]

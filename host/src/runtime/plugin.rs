@@ -349,7 +349,11 @@ impl Plugin {
             None => format!("{err:#}"),
         };
         // A guest panic prints its message on stderr just before the trap: keep it.
-        if let Some((_, last)) = output.iter().rev().find(|(l, _)| *l == Level::Warn) {
+        let printed = output
+            .iter()
+            .rev()
+            .find(|(l, line)| *l == Level::Warn && !line.starts_with("note:"));
+        if let Some((_, last)) = printed {
             message = format!("{message} ({last})");
         }
         RuntimeError::Trap {
@@ -374,10 +378,11 @@ fn plan_size(actions: &[wit::Action]) -> usize {
 }
 
 fn check_imports(imports: &[String]) -> Result<(), RuntimeError> {
-    let host_interface = format!("{WIT_PACKAGE}/host@");
+    let own_package = format!("{WIT_PACKAGE}/");
+    let mut forbidden = Vec::new();
     for import in imports {
-        if let Some(version) = import.strip_prefix(&host_interface) {
-            if version != WIT_VERSION {
+        if let Some(interface) = import.strip_prefix(&own_package) {
+            if interface.rsplit_once('@').map(|(_, v)| v) != Some(WIT_VERSION) {
                 return Err(RuntimeError::WitVersion {
                     found: import.clone(),
                 });
@@ -385,12 +390,16 @@ fn check_imports(imports: &[String]) -> Result<(), RuntimeError> {
             continue;
         }
         if !ALLOWED_IMPORTS.iter().any(|p| import.starts_with(p)) {
-            return Err(RuntimeError::ForbiddenImport {
-                import: import.clone(),
-            });
+            forbidden.push(import.clone());
         }
     }
-    Ok(())
+    if forbidden.is_empty() {
+        Ok(())
+    } else {
+        Err(RuntimeError::ForbiddenImport {
+            imports: forbidden,
+        })
+    }
 }
 
 fn check_exports(exports: &[String]) -> Result<(), RuntimeError> {
