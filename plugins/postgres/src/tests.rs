@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used, clippy::panic)]
+
 use serde_json::{json, Value};
 use stateward_sdk::testkit as tk;
 use stateward_sdk::{Action, Service};
