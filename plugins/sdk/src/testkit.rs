@@ -425,7 +425,10 @@ macro_rules! plugin_suite {
                 assert!(a["spec"]["storage"].is_null() && a["spec"]["deletionProtection"].is_null());
                 let back: Value = serde_json::from_str(&<$ty>::convert(&alpha, "v1").unwrap()).unwrap();
                 assert_eq!(back, cr);
+                let full = <$ty>::convert(&cr.to_string(), "stateward.dev/v1alpha1").unwrap();
+                assert_eq!(full, alpha, "the full apiVersion form is accepted too");
                 assert!(<$ty>::convert(&cr.to_string(), "v2").is_err());
+                assert!(<$ty>::convert(&cr.to_string(), "other.dev/v1").is_err());
                 assert!(<$ty>::convert("{", "v1").is_err());
             }
         }
