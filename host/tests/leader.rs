@@ -1,0 +1,195 @@
+//! Leader election against the real API server of the local cluster (stateward-testkit):
+//! mutual exclusion, takeover after a crash and after a graceful release, API failures.
+//! Default timings (15 s lease, 10 s deadline, 2 s retry) so the measured takeover times are
+//! the ones production gets. Run: `cargo test -p stateward --test leader -- --nocapture`.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context as _};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use stateward::leader::{self, LeaderConfig, Leadership};
+use stateward_testkit::TestEnv;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+const LEASE: &str = "stateward-leader";
+
+/// A running elector plus the switch for its graceful shutdown.
+struct Elector {
+    leadership: Leadership,
+    handle: JoinHandle<()>,
+    stop: oneshot::Sender<()>,
+}
+
+fn start(client: kube::Client, cfg: LeaderConfig) -> Elector {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (leadership, handle) = leader::spawn(client, cfg, async {
+        let _ = stopped.await;
+    });
+    Elector { leadership, handle, stop }
+}
+
+fn elector(env: &TestEnv, identity: &str) -> Elector {
+    start(env.client.clone(), LeaderConfig::new(&env.namespace, LEASE, identity))
+}
+
+/// Polls every 50 ms until `cond` holds; returns the time it took, or fails after `limit`.
+async fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    while !cond() {
+        ensure!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(start.elapsed())
+}
+
+async fn lease(env: &TestEnv) -> anyhow::Result<(String, i32)> {
+    let lease = env.api::<Lease>().get(LEASE).await?;
+    let spec = lease.spec.context("lease without spec")?;
+    Ok((spec.holder_identity.unwrap_or_default(), spec.lease_transitions.unwrap_or(0)))
+}
+
+async fn stop(e: Elector) -> anyhow::Result<()> {
+    let _ = e.stop.send(());
+    tokio::time::timeout(Duration::from_secs(15), e.handle).await.context("elector did not stop")??;
+    ensure!(!e.leadership.is_leader(), "still leader after shutdown");
+    Ok(())
+}
+
+/// Two electors race for a fresh Lease: from the first acquisition on, exactly one of them
+/// leads at every sample, and it is the one named in the Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_leader_at_a_time() -> anyhow::Result<()> {
+    let env = TestEnv::new("leader-one").await?;
+    let (a, b) = (elector(&env, "replica-a"), elector(&env, "replica-b"));
+    let took = wait_for(Duration::from_secs(20), "first leader", || {
+        a.leadership.is_leader() || b.leadership.is_leader()
+    })
+    .await?;
+    println!("first acquisition of a fresh lease after {took:?}");
+    for i in 0..100 {
+        let (la, lb) = (a.leadership.is_leader(), b.leadership.is_leader());
+        ensure!(la != lb, "sample {i}: replica-a leads={la}, replica-b leads={lb}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let leader = if a.leadership.is_leader() { "replica-a" } else { "replica-b" };
+    let (holder, transitions) = lease(&env).await?;
+    ensure!(holder == leader, "lease names {holder}, but {leader} believes it leads");
+    ensure!(transitions == 0, "leadership changed hands {transitions} times in 10 s");
+    stop(a).await?;
+    stop(b).await?;
+    Ok(())
+}
+
+/// The leader's task is aborted without releasing (a `kill -9`): the follower must wait for
+/// the Lease to expire (not steal it early) and then take over within 20 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_after_crash_within_20s() -> anyhow::Result<()> {
+    let env = TestEnv::new("leader-crash").await?;
+    let a = elector(&env, "replica-a");
+    wait_for(Duration::from_secs(20), "replica-a leads", || a.leadership.is_leader()).await?;
+    let b = elector(&env, "replica-b");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(!b.leadership.is_leader(), "replica-b leads while replica-a holds the lease");
+    let (_, before) = lease(&env).await?;
+
+    a.handle.abort();
+    let took = wait_for(Duration::from_secs(25), "replica-b takes over", || b.leadership.is_leader()).await?;
+    println!("takeover after the leader was killed: {took:?}");
+    ensure!(!a.leadership.is_leader(), "an aborted elector must not report leadership");
+    ensure!(took <= Duration::from_secs(20), "takeover took {took:?} > 20 s");
+    // The lease was renewed at most one retry period before the kill, so it was valid for
+    // at least 15 - 2 = 13 s more; taking it much earlier would mean two writers.
+    ensure!(took >= Duration::from_secs(12), "took over after {took:?}: the lease was still valid");
+    let (holder, after) = lease(&env).await?;
+    ensure!(holder == "replica-b", "lease holder is {holder}");
+    ensure!(after == before + 1, "leaseTransitions {before} -> {after}");
+    stop(b).await
+}
+
+/// Graceful shutdown releases the Lease, so the follower takes over on its next round
+/// instead of waiting for expiry; at no sample do both lead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_after_release_within_one_retry() -> anyhow::Result<()> {
+    let env = TestEnv::new("leader-release").await?;
+    let a = elector(&env, "replica-a");
+    wait_for(Duration::from_secs(20), "replica-a leads", || a.leadership.is_leader()).await?;
+    let b = elector(&env, "replica-b");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(!b.leadership.is_leader(), "replica-b leads while replica-a holds the lease");
+    let (_, before) = lease(&env).await?;
+
+    let a_view = a.leadership.clone();
+    let started = Instant::now();
+    let _ = a.stop.send(());
+    let took = wait_for(Duration::from_secs(15), "replica-b takes over", || {
+        b.leadership.is_leader()
+    })
+    .await?;
+    ensure!(!a_view.is_leader(), "both lead after the release");
+    tokio::time::timeout(Duration::from_secs(15), a.handle).await.context("replica-a did not stop")??;
+    println!("takeover after a graceful release: {:?}", started.elapsed());
+    let retry = LeaderConfig::new("", "", "").retry_period;
+    ensure!(took <= retry + Duration::from_secs(1), "takeover took {took:?} > retry period + 1 s");
+    let (holder, after) = lease(&env).await?;
+    ensure!(holder == "replica-b", "lease holder is {holder}");
+    ensure!(after == before + 1, "leaseTransitions {before} -> {after}");
+    stop(b).await
+}
+
+/// A Lease left behind by a dead holder long ago is taken at once, counting the transition;
+/// a Lease renewed just now by another holder is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_lease_is_taken_valid_one_is_not() -> anyhow::Result<()> {
+    let env = TestEnv::new("leader-expired").await?;
+    let leases: Api<Lease> = env.api();
+    let foreign = |name: &str, renewed: jiff::Timestamp| -> anyhow::Result<Lease> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name },
+            "spec": { "holderIdentity": "ghost", "leaseDurationSeconds": 15, "leaseTransitions": 7,
+                      "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string() }
+        }))?)
+    };
+    let pp = kube::api::PostParams::default();
+    let old = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(60);
+    leases.create(&pp, &foreign(LEASE, old)?).await?;
+    leases.create(&pp, &foreign("held", jiff::Timestamp::now())?).await?;
+
+    let a = elector(&env, "replica-a");
+    let b = start(env.client.clone(), LeaderConfig::new(&env.namespace, "held", "replica-b"));
+    let took = wait_for(Duration::from_secs(5), "expired lease taken", || a.leadership.is_leader()).await?;
+    println!("expired foreign lease taken after {took:?}");
+    let (holder, transitions) = lease(&env).await?;
+    ensure!(holder == "replica-a" && transitions == 8, "lease: {holder}, transitions {transitions}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(!b.leadership.is_leader(), "replica-b took a lease another holder renewed just now");
+    let held = leases.get("held").await?.spec.and_then(|s| s.holder_identity);
+    ensure!(held.as_deref() == Some("ghost"), "valid lease now held by {held:?}");
+    stop(a).await?;
+    stop(b).await
+}
+
+/// With the API server unreachable every round fails: the elector logs and retries, never
+/// panics or exits on its own, never claims leadership, and still shuts down on request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_errors_never_make_a_leader() -> anyhow::Result<()> {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.local_addr()?.port()
+    };
+    let config = kube::Config::new(format!("http://127.0.0.1:{closed}").parse()?);
+    let client = kube::Client::try_from(config)?;
+    let mut cfg = LeaderConfig::new("default", LEASE, "replica-a");
+    cfg.lease_duration = Duration::from_secs(3);
+    cfg.renew_deadline = Duration::from_secs(2);
+    cfg.retry_period = Duration::from_millis(200);
+    let e = start(client, cfg);
+    for i in 0..40 {
+        ensure!(!e.leadership.is_leader(), "sample {i}: leader without an API server");
+        ensure!(!e.handle.is_finished(), "sample {i}: the elector ended on its own");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop(e).await
+}
