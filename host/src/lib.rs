@@ -2,7 +2,10 @@
 //! WebAssembly plugin and gates every change through Rego policy.
 #![deny(unsafe_code)]
 
+pub mod controller;
 pub mod crd;
+pub mod leader;
 pub mod policy;
 pub mod render;
 pub mod runtime;
+pub mod telemetry;

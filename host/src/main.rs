@@ -19,6 +19,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the operator against the cluster of the current kubeconfig (or in-cluster config).
+    Run(RunArgs),
     /// Print the plan a plugin makes for a resource, offline.
     Render(RenderArgs),
     /// Render the CustomResourceDefinitions the plugins declare.
@@ -84,6 +86,39 @@ impl SandboxArgs {
 }
 
 #[derive(Args)]
+struct RunArgs {
+    /// Watch only this namespace (needs only a namespaced Role); all namespaces by default.
+    #[arg(long, env = "STATEWARD_NAMESPACE")]
+    namespace: Option<String>,
+    /// Address of /metrics, /healthz, /readyz and /debug/*.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    http_addr: std::net::SocketAddr,
+    /// Directory of the policy bundle (*.rego and *.json data).
+    #[arg(long, env = "STATEWARD_POLICY_DIR", default_value = "policies")]
+    policy_dir: PathBuf,
+    /// Append-only audit log file; standard output when not set.
+    #[arg(long, env = "STATEWARD_AUDIT_LOG")]
+    audit_log: Option<PathBuf>,
+    /// Namespace of the leader-election Lease (the operator's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// This replica's identity in the Lease (the pod name in a cluster).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Seconds a Lease is valid without renewal.
+    #[arg(long, default_value = "15")]
+    lease_seconds: u64,
+    /// Reconciles at once per kind.
+    #[arg(long, default_value = "8")]
+    concurrency: u16,
+    /// Plain text logs instead of JSON lines.
+    #[arg(long)]
+    plain_logs: bool,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+}
+
+#[derive(Args)]
 struct RenderArgs {
     /// The custom resource (YAML or JSON).
     #[arg(short = 'f', long = "file")]
@@ -141,14 +176,12 @@ enum AuditCommand {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    match &cli.command {
+        Command::Run(args) => stateward::telemetry::logging::init(!args.plain_logs),
+        _ => stateward::telemetry::logging::init(false),
+    }
+    match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -157,8 +190,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Run(args) => operate(args),
         Command::Render(args) => render(args),
         Command::Crds { sandbox, out_dir } => crds(&sandbox, out_dir),
         Command::Plugin(PluginCommand::Inspect { file, sandbox }) => inspect(&sandbox, &file),
@@ -182,6 +216,43 @@ fn exit(ok: bool) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
+    use stateward::policy::{AuditLog, AuditSink, Bundle, FsyncPolicy, Gate, PolicyEngine};
+    let sandbox = args.sandbox.sandbox()?;
+    let registry = Registry::load_dir(&sandbox, &args.sandbox.plugin_dir)
+        .with_context(|| format!("loading plugins from {}", args.sandbox.plugin_dir.display()))?;
+    let bundle = Bundle::from_dir(&args.policy_dir)
+        .with_context(|| format!("reading policies from {}", args.policy_dir.display()))?;
+    let engine = PolicyEngine::compile_tested(&bundle).context("compiling the policy bundle")?;
+    let sink = match &args.audit_log {
+        Some(path) => AuditSink::File(path.clone()),
+        None => AuditSink::Stdout,
+    };
+    let audit = AuditLog::open(&sink, FsyncPolicy::PerRecord).context("opening the audit log")?;
+    let gate = Arc::new(Gate::new(Arc::new(engine), Arc::new(audit)));
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let mut leader = stateward::leader::LeaderConfig::new(&args.lease_namespace, "stateward-leader", identity);
+    leader.lease_duration = Duration::from_secs(args.lease_seconds.max(3));
+    leader.renew_deadline = leader.lease_duration * 2 / 3;
+    leader.retry_period = leader.lease_duration / 7;
+    let settings = stateward::controller::Settings {
+        namespace: args.namespace.clone(),
+        http_addr: args.http_addr,
+        leader,
+        concurrency: args.concurrency.max(1),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let client = kube::Client::try_default().await.context("connecting to the API server")?;
+        stateward::controller::run(client, sandbox, registry, gate, settings).await?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {

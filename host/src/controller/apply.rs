@@ -1,0 +1,171 @@
+//! Writes to the API server: server-side apply with an owner reference, delete by name, and
+//! secrets created once. A child whose applied-hash annotation already matches is not written.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::ByteString;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, Client};
+use rand::RngExt;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::children::INSTANCE_LABEL;
+use super::Error;
+use crate::runtime::{ObjectRef, SecretRequest};
+
+/// Field manager of every write the operator makes.
+pub const FIELD_MANAGER: &str = "stateward";
+/// Hash of what was last applied, so a converged child is never written again.
+pub const APPLIED_HASH: &str = "stateward.dev/applied-hash";
+
+/// Resolves child kinds to API resources once, through discovery.
+pub struct Applier {
+    client: Client,
+    resources: Mutex<BTreeMap<String, ApiResource>>,
+}
+
+impl Applier {
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            resources: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    async fn resource(&self, api_version: &str, kind: &str) -> Result<ApiResource, Error> {
+        let key = format!("{api_version}/{kind}");
+        if let Some(found) = self.resources.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(found);
+        }
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (resource, _caps) = kube::discovery::pinned_kind(&self.client, &gvk)
+            .await
+            .map_err(|e| Error::api("discover", kind, api_version, e))?;
+        if let Ok(mut map) = self.resources.lock() {
+            map.insert(key, resource.clone());
+        }
+        Ok(resource)
+    }
+
+    async fn api(&self, api_version: &str, kind: &str, namespace: &str) -> Result<Api<DynamicObject>, Error> {
+        let resource = self.resource(api_version, kind).await?;
+        Ok(Api::namespaced_with(self.client.clone(), namespace, &resource))
+    }
+
+    /// Server-side applies `object` owned by `owner`, unless `observed` already carries the
+    /// same applied hash. Returns whether a write was made.
+    pub async fn apply(
+        &self,
+        mut object: Value,
+        owner: &Value,
+        observed: Option<&Value>,
+    ) -> Result<bool, Error> {
+        let text = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
+        let (api_version, kind, name, namespace) = (
+            text(&object, "/apiVersion"),
+            text(&object, "/kind"),
+            text(&object, "/metadata/name"),
+            text(&object, "/metadata/namespace"),
+        );
+        object["metadata"]["ownerReferences"] = json!([owner_reference(owner)]);
+        let hash = hex::encode(Sha256::digest(object.to_string().as_bytes()));
+        if observed.and_then(|o| o.pointer(&format!("/metadata/annotations/{}", APPLIED_HASH.replace('/', "~1"))))
+            == Some(&Value::String(hash.clone()))
+        {
+            return Ok(false);
+        }
+        object["metadata"]["annotations"][APPLIED_HASH] = Value::String(hash);
+        let api = self.api(&api_version, &kind, &namespace).await?;
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        api.patch(&name, &params, &Patch::Apply(&object))
+            .await
+            .map_err(|e| Error::api("apply", &kind, &name, e))?;
+        Ok(true)
+    }
+
+    /// Deletes by name; an object already gone is fine. Returns whether a write was made.
+    pub async fn delete(&self, target: &ObjectRef, namespace: &str, observed: bool) -> Result<bool, Error> {
+        if !observed {
+            return Ok(false);
+        }
+        let api = self.api(&target.api_version, &target.kind, namespace).await?;
+        match api.delete(&target.name, &DeleteParams::background()).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+            Err(e) => Err(Error::api("delete", &target.kind, &target.name, e)),
+        }
+    }
+
+    /// Creates the Secret with random values if it does not exist; adds missing keys to an
+    /// existing one; never changes a value that is there. Returns whether a write was made.
+    pub async fn ensure_secret(
+        &self,
+        request: &SecretRequest,
+        namespace: &str,
+        existing: Option<&Secret>,
+    ) -> Result<bool, Error> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let have = existing.and_then(|s| s.data.as_ref());
+        let missing: BTreeMap<String, ByteString> = request
+            .keys
+            .iter()
+            .filter(|(key, _)| !have.is_some_and(|d| d.contains_key(key)))
+            .map(|(key, bytes)| (key.clone(), ByteString(random_value(*bytes))))
+            .collect();
+        if missing.is_empty() {
+            return Ok(false);
+        }
+        if existing.is_some() {
+            let patch = json!({ "data": missing });
+            api.patch(&request.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| Error::api("patch", "Secret", &request.name, e))?;
+            return Ok(true);
+        }
+        let mut labels: BTreeMap<String, String> = request.labels.iter().cloned().collect();
+        labels.entry(INSTANCE_LABEL.to_string()).or_default();
+        let secret = Secret {
+            metadata: kube::core::ObjectMeta {
+                name: Some(request.name.clone()),
+                namespace: Some(namespace.to_string()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            data: Some(missing),
+            type_: Some("Opaque".into()),
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &secret).await {
+            Ok(_) => Ok(true),
+            // Someone (a previous run of ours) created it meanwhile: never overwrite.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(e) => Err(Error::api("create", "Secret", &request.name, e)),
+        }
+    }
+}
+
+/// Printable random characters; `bytes` of entropy is the plugin's request.
+fn random_value(bytes: u32) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789";
+    let mut rng = rand::rng();
+    (0..bytes.clamp(8, 1024))
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())])
+        .collect()
+}
+
+/// The controller owner reference to the custom resource.
+pub fn owner_reference(owner: &Value) -> Value {
+    json!({
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": true,
+        "blockOwnerDeletion": true,
+    })
+}

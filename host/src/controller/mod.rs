@@ -1,0 +1,254 @@
+//! The generic controller: one kube-rs Controller per plugin-declared kind, all sharing the
+//! child caches, the sandbox, the policy gate and the metrics. The host knows nothing about
+//! any one service; everything service-specific comes from the plugin.
+
+mod apply;
+mod backoff;
+mod children;
+mod error;
+mod events;
+mod reconcile;
+mod status;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+
+pub use apply::{APPLIED_HASH, FIELD_MANAGER};
+pub use children::INSTANCE_LABEL;
+pub use error::Error;
+
+use crate::leader::{self, LeaderConfig, Leadership};
+use crate::policy::Gate;
+use crate::runtime::{Plugin, Registry, Sandbox};
+use crate::telemetry::{DebugState, Metrics};
+
+/// The finalizer that guards every managed resource until its plugin says cleanup is done.
+pub const FINALIZER: &str = "stateward.dev/cleanup";
+
+/// How `stateward run` was asked to behave.
+pub struct Settings {
+    /// Watch only this namespace (needs only a namespaced Role); all namespaces when `None`.
+    pub namespace: Option<String>,
+    pub http_addr: SocketAddr,
+    pub leader: LeaderConfig,
+    /// Reconciles running at once per kind.
+    pub concurrency: u16,
+}
+
+/// A kind served by a plugin: how to reach it in the API and which plugin serves it now.
+pub struct KindBinding {
+    pub kind: String,
+    pub api_resource: ApiResource,
+    plugin: RwLock<Arc<Plugin>>,
+}
+
+/// Everything one reconcile needs; shared by all reconciles of a kind.
+pub struct Context {
+    pub client: Client,
+    pub kind: Arc<KindBinding>,
+    children: children::Children,
+    sandbox: Arc<Sandbox>,
+    gate: Arc<Gate>,
+    metrics: Metrics,
+    events: events::Events,
+    applier: Arc<apply::Applier>,
+    backoff: backoff::Backoff,
+    leadership: Leadership,
+}
+
+impl Context {
+    /// The plugin serving this kind right now; a reconcile keeps the one it started with.
+    pub fn plugin(&self) -> Arc<Plugin> {
+        match self.kind.plugin.read() {
+            Ok(p) => Arc::clone(&p),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("HTTP server on {addr}: {source}")]
+    Http { addr: SocketAddr, source: std::io::Error },
+    #[error("child caches never synced: {0}")]
+    Sync(String),
+    #[error("lost leadership; exiting so that only the new leader writes")]
+    LostLeadership,
+    #[error("plugin {plugin} declares kind {kind} without a storage version")]
+    NoStorageVersion { plugin: String, kind: String },
+}
+
+/// Runs until SIGTERM/SIGINT (graceful) or lost leadership (error, so the pod restarts).
+pub async fn run(
+    client: Client,
+    sandbox: Arc<Sandbox>,
+    registry: Registry,
+    gate: Arc<Gate>,
+    settings: Settings,
+) -> Result<(), RunError> {
+    let metrics = Metrics::new();
+    let debug = DebugState::default();
+    debug.set_policy(gate.engine().digest());
+    let plugins: Vec<serde_json::Value> = registry.plugins().iter().map(|p| {
+        metrics.plugin_loaded(p.name(), p.version(), p.digest());
+        serde_json::json!({"name": p.name(), "version": p.version(), "digest": p.digest(),
+            "kinds": p.info().kinds.iter().map(|k| &k.kind).collect::<Vec<_>>()})
+    }).collect();
+    debug.set_plugins(serde_json::Value::Array(plugins));
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutdown requested");
+        let _ = stop_tx.send(true);
+    });
+
+    let listener = tokio::net::TcpListener::bind(settings.http_addr)
+        .await
+        .map_err(|source| RunError::Http { addr: settings.http_addr, source })?;
+    tokio::spawn(crate::telemetry::http::serve_listener(listener, metrics.clone(), debug.clone(), stopped()));
+
+    let (mut leadership, leader_task) = leader::spawn(client.clone(), settings.leader.clone(), stopped());
+    tracing::info!(identity = %settings.leader.identity, "waiting for leadership");
+    tokio::select! {
+        _ = leadership.acquired() => {}
+        _ = stopped() => return Ok(()),
+    }
+    debug.set_leader(true);
+    tracing::info!("became leader");
+
+    let children = children::Children::start(&client, settings.namespace.as_deref());
+    tokio::select! {
+        synced = children.wait_until_synced() => synced.map_err(|e| RunError::Sync(e.to_string()))?,
+        _ = stopped() => return Ok(()),
+    }
+    for watch in ["statefulsets", "services", "configmaps", "secrets", "poddisruptionbudgets", "persistentvolumeclaims"] {
+        debug.set_watch(watch, true);
+    }
+
+    let applier = Arc::new(apply::Applier::new(client.clone()));
+    let mut tasks = Vec::new();
+    for plugin in registry.plugins() {
+        for kind in &plugin.info().kinds {
+            let storage = kind.storage_version().ok_or_else(|| RunError::NoStorageVersion {
+                plugin: plugin.name().to_string(),
+                kind: kind.kind.clone(),
+            })?;
+            let gvk = GroupVersionKind::gvk(&kind.group, &storage.name, &kind.kind);
+            let api_resource = ApiResource::from_gvk_with_plural(&gvk, &kind.plural);
+            let binding = Arc::new(KindBinding {
+                kind: kind.kind.clone(),
+                api_resource: api_resource.clone(),
+                plugin: RwLock::new(Arc::clone(&plugin)),
+            });
+            let ctx = Arc::new(Context {
+                client: client.clone(),
+                kind: Arc::clone(&binding),
+                children: children.clone(),
+                sandbox: Arc::clone(&sandbox),
+                gate: Arc::clone(&gate),
+                metrics: metrics.clone(),
+                events: events::Events::new(client.clone(), &settings.leader.identity, api_resource.clone()),
+                applier: Arc::clone(&applier),
+                backoff: backoff::Backoff::default(),
+                leadership: leadership.clone(),
+            });
+            debug.set_watch(&kind.plural, true);
+            tasks.push(tokio::spawn(controller(ctx, settings.namespace.clone(), settings.concurrency, stopped())));
+        }
+    }
+    debug.set_ready(true);
+
+    let lost = async {
+        loop {
+            match leadership.changed().await {
+                Some(false) | None => return,
+                Some(true) => {}
+            }
+        }
+    };
+    let result = tokio::select! {
+        _ = stopped() => Ok(()),
+        _ = lost => Err(RunError::LostLeadership),
+    };
+    debug.set_ready(false);
+    for task in tasks {
+        task.abort();
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), leader_task).await;
+    result
+}
+
+/// One kind's controller: its own watch of the custom resources, triggered also by any child
+/// carrying the instance label.
+async fn controller(ctx: Arc<Context>, namespace: Option<String>, concurrency: u16, stop: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+    let ar = ctx.kind.api_resource.clone();
+    let api: Api<DynamicObject> = match &namespace {
+        Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &ar),
+        None => Api::all_with(ctx.client.clone(), &ar),
+    };
+    let t = ctx.children.triggers.clone();
+    Controller::new_with(api, watcher::Config::default(), ar.clone())
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .watches_shared_stream(t.statefulsets, { let ar = ar.clone(); move |c| mapper(&ar, c) })
+        .watches_shared_stream(t.services, { let ar = ar.clone(); move |c| mapper(&ar, c) })
+        .watches_shared_stream(t.configmaps, { let ar = ar.clone(); move |c| mapper(&ar, c) })
+        .watches_shared_stream(t.secrets, { let ar = ar.clone(); move |c| mapper(&ar, c) })
+        .watches_shared_stream(t.pdbs, { let ar = ar.clone(); move |c| mapper(&ar, c) })
+        .watches_shared_stream(t.pvcs, { let ar = ar.clone(); move |c| mapper(&ar, c) })
+        .graceful_shutdown_on(stop)
+        .run(reconcile::reconcile, error_policy, Arc::clone(&ctx))
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(error = %err, "controller event");
+            }
+        })
+        .await;
+}
+
+/// A child points at the resource named by its instance label, in its own namespace.
+fn mapper<K: kube::Resource>(ar: &ApiResource, child: Arc<K>) -> Option<ObjectRef<DynamicObject>> {
+    let name = child.labels().get(INSTANCE_LABEL)?.clone();
+    Some(ObjectRef::new_with(&name, ar.clone()).within(&child.namespace()?))
+}
+
+fn error_policy(obj: Arc<DynamicObject>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    let delay = ctx.backoff.next(&obj);
+    tracing::warn!(kind = %ctx.kind.kind, name = %obj.name_any(), error = %err, retry_in = ?delay, "reconcile failed");
+    Requeue::requeue(delay)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,286 @@
+//! One reconcile, in one readable place: observe → plugin → policy → apply → status.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube::api::{Patch, PatchParams};
+use kube::core::DynamicObject;
+use kube::runtime::controller::Action as Requeue;
+use kube::{Api, ResourceExt};
+use serde_json::{json, Value};
+use tracing::Instrument;
+
+use super::status::{self, PluginStamp};
+use super::{Context, Error, FINALIZER};
+use crate::policy::{DecisionContext, KindRef, PlannedAction, PluginRef};
+use crate::runtime::{Action, EventType, Plugin};
+
+/// How long a converged resource waits before it is looked at again without any event.
+const RESYNC: Duration = Duration::from_secs(600);
+
+#[tracing::instrument(skip_all, fields(kind = %ctx.kind.kind, namespace = obj.namespace().unwrap_or_default(), name = %obj.name_any(), generation = obj.metadata.generation.unwrap_or_default()))]
+pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let started = Instant::now();
+    let result = run(&obj, &ctx).await;
+    let label = match &result {
+        Ok(_) => "success",
+        Err(e) => e.label(),
+    };
+    ctx.metrics.reconcile(&ctx.kind.kind, label, started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.backoff.reset(&obj);
+    }
+    result
+}
+
+async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
+    if !ctx.leadership.is_leader() {
+        return Err(Error::NotLeader);
+    }
+    let resource = serde_json::to_value(obj).map_err(|e| Error::Resource(obj.name_any(), e.to_string()))?;
+    let namespace = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
+    let plugin = ctx.plugin();
+
+    let children = tracing::info_span!("observe").in_scope(|| ctx.children.observe(&namespace, &name));
+    let child_text: Vec<String> = children.iter().map(Value::to_string).collect();
+    let resource_text = resource.to_string();
+    let now_ms = now_ms();
+
+    if obj.metadata.deletion_timestamp.is_some() {
+        return finalize(obj, ctx, &plugin, &resource, &children, child_text, now_ms).await;
+    }
+    ensure_finalizer(obj, ctx).await?;
+
+    let call = {
+        let (guest, ns) = (Arc::clone(&plugin), namespace.clone());
+        let span = tracing::info_span!("plugin.call", plugin = plugin.name(), version = plugin.version(), export = "reconcile");
+        let started = Instant::now();
+        let answer = ctx
+            .sandbox
+            .run_blocking(move || span.in_scope(|| guest.reconcile(&resource_text, &child_text, now_ms, &ns)))
+            .await?;
+        ctx.metrics.plugin_call(plugin.name(), "reconcile", started.elapsed().as_secs_f64());
+        answer
+    };
+    let plan = match call {
+        Ok(plan) => plan,
+        Err(err) => {
+            if err.is_trap() {
+                ctx.metrics.plugin_trap(plugin.name(), err.label());
+            }
+            let err = Error::Plugin(err);
+            degrade(obj, ctx, &resource, &err).await;
+            return Err(err);
+        }
+    };
+
+    gate(obj, ctx, &plugin, &resource, &plan.actions).await?;
+
+    async {
+        for action in &plan.actions {
+            execute(ctx, action, &resource, &namespace, &children).await?;
+        }
+        Ok::<_, Error>(())
+    }
+    .instrument(tracing::info_span!("apply", actions = plan.actions.len()))
+    .await?;
+
+    let stamp = PluginStamp { name: plugin.name(), version: plugin.version(), digest: plugin.digest() };
+    let desired = status::desired(&resource, &plan.status, &stamp, &now_rfc3339());
+    if status::differs(&resource, &desired) {
+        write_status(obj, ctx, &desired).await?;
+        let phase = status::phase_word(plan.status.phase);
+        if resource.pointer("/status/phase").and_then(Value::as_str) != Some(phase) {
+            ctx.events.publish(obj, EventType::Normal, "PhaseChanged", &format!("phase is now {phase}")).await;
+        }
+    }
+    for event in &plan.events {
+        ctx.events.publish(obj, event.type_, &event.reason, &event.message).await;
+    }
+    Ok(Requeue::requeue(plan.requeue_after.unwrap_or(RESYNC)))
+}
+
+/// Evaluates the guardrails for every action; any enforced deny stops the whole plan.
+async fn gate(obj: &DynamicObject, ctx: &Context, plugin: &Plugin, resource: &Value, actions: &[Action]) -> Result<(), Error> {
+    let planned: Vec<PlannedAction> = actions.iter().map(|a| planned(a, resource)).collect();
+    let plugin_ref = PluginRef {
+        name: plugin.name().to_string(),
+        version: plugin.version().to_string(),
+        digest: plugin.digest().to_string(),
+        owns: plugin
+            .info()
+            .owns
+            .iter()
+            .map(|c| KindRef { api_version: c.api_version.clone(), kind: c.kind.clone() })
+            .collect(),
+    };
+    let span = tracing::info_span!("policy.eval", path = "data.stateward.guardrails", result = tracing::field::Empty);
+    let decision_ctx = DecisionContext { requested_by: format!("plugin/{}", plugin.name()), ..DecisionContext::default() };
+    let started = Instant::now();
+    let verdict = span.in_scope(|| ctx.gate.check_plan(&decision_ctx, &plugin_ref, &crate::policy::gate::resource_input(resource), &planned));
+    let result = if verdict.allowed() { "allow" } else { "deny" };
+    span.record("result", result);
+    ctx.metrics.policy_decision("guardrails", result, started.elapsed().as_secs_f64());
+    for (target, message) in verdict.warnings() {
+        ctx.events.publish(obj, EventType::Warning, "PolicyWarning", &format!("{target}: {message}")).await;
+    }
+    if verdict.allowed() {
+        return Ok(());
+    }
+    let messages: Vec<String> = verdict.denials().into_iter().map(|(t, m)| format!("{t}: {m}")).collect();
+    let err = Error::PolicyDenied(messages.join("; "));
+    degrade(obj, ctx, resource, &err).await;
+    Err(err)
+}
+
+fn planned(action: &Action, resource: &Value) -> PlannedAction {
+    let ns = resource.pointer("/metadata/namespace").cloned().unwrap_or(Value::Null);
+    let object = match action {
+        Action::Apply { object } => object.clone(),
+        Action::Delete { target } => json!({
+            "apiVersion": target.api_version, "kind": target.kind,
+            "metadata": {"name": target.name, "namespace": ns},
+        }),
+        Action::EnsureSecret { secret } => json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": secret.name, "namespace": ns},
+            "keys": secret.keys.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        }),
+    };
+    PlannedAction { verb: action.verb().to_string(), object }
+}
+
+async fn execute(ctx: &Context, action: &Action, resource: &Value, namespace: &str, children: &[Value]) -> Result<(), Error> {
+    let observed = |api_version: &str, kind: &str, name: &str| {
+        children.iter().find(|c| c["apiVersion"] == api_version && c["kind"] == kind && c["metadata"]["name"] == name)
+    };
+    if !ctx.leadership.is_leader() {
+        return Err(Error::NotLeader);
+    }
+    let wrote = match action {
+        Action::Apply { object } => {
+            let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or_default();
+            let current = observed(s("/apiVersion"), s("/kind"), s("/metadata/name"));
+            let wrote = ctx.applier.apply(object.clone(), resource, current).await?;
+            if wrote {
+                ctx.metrics.api_write("apply", s("/kind"));
+            }
+            wrote
+        }
+        Action::Delete { target } => {
+            let present = observed(&target.api_version, &target.kind, &target.name).is_some();
+            ctx.applier.delete(target, namespace, present).await?
+        }
+        Action::EnsureSecret { secret } => {
+            let existing = ctx.children.secret(namespace, &secret.name);
+            ctx.applier.ensure_secret(secret, namespace, existing.as_deref()).await?
+        }
+    };
+    tracing::debug!(verb = action.verb(), wrote, "action");
+    Ok(())
+}
+
+async fn finalize(
+    obj: &DynamicObject,
+    ctx: &Context,
+    plugin: &Arc<Plugin>,
+    resource: &Value,
+    children: &[Value],
+    child_text: Vec<String>,
+    now_ms: u64,
+) -> Result<Requeue, Error> {
+    if !obj.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Requeue::await_change());
+    }
+    let namespace = obj.namespace().unwrap_or_default();
+    let cleanup = {
+        let (plugin, ns, text) = (Arc::clone(plugin), namespace.clone(), resource.to_string());
+        ctx.sandbox
+            .run_blocking(move || plugin.finalize(&text, &child_text, now_ms, &ns))
+            .await?
+            .map_err(Error::Plugin)?
+    };
+    gate(obj, ctx, plugin, resource, &cleanup.actions).await?;
+    for action in &cleanup.actions {
+        execute(ctx, action, resource, &namespace, children).await?;
+    }
+    for event in &cleanup.events {
+        ctx.events.publish(obj, event.type_, &event.reason, &event.message).await;
+    }
+    if !cleanup.done {
+        ctx.events.publish(obj, EventType::Normal, "Finalizing", "waiting for cleanup to finish").await;
+        return Ok(Requeue::requeue(Duration::from_secs(2)));
+    }
+    remove_finalizer(obj, ctx).await?;
+    Ok(Requeue::await_change())
+}
+
+fn cr_api(obj: &DynamicObject, ctx: &Context) -> Api<DynamicObject> {
+    Api::namespaced_with(ctx.client.clone(), &obj.namespace().unwrap_or_default(), &ctx.kind.api_resource)
+}
+
+async fn ensure_finalizer(obj: &DynamicObject, ctx: &Context) -> Result<(), Error> {
+    if obj.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(());
+    }
+    let patch = if obj.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
+        json!([{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}])
+    } else {
+        json!([{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}])
+    };
+    patch_cr(obj, ctx, patch, "add finalizer").await
+}
+
+async fn remove_finalizer(obj: &DynamicObject, ctx: &Context) -> Result<(), Error> {
+    let Some(index) = obj.finalizers().iter().position(|f| f == FINALIZER) else {
+        return Ok(());
+    };
+    let path = format!("/metadata/finalizers/{index}");
+    let patch = json!([{"op": "test", "path": path, "value": FINALIZER}, {"op": "remove", "path": path}]);
+    patch_cr(obj, ctx, patch, "remove finalizer").await
+}
+
+async fn patch_cr(obj: &DynamicObject, ctx: &Context, patch: Value, verb: &'static str) -> Result<(), Error> {
+    let patch: json_patch::Patch =
+        serde_json::from_value(patch).map_err(|e| Error::Resource(obj.name_any(), e.to_string()))?;
+    cr_api(obj, ctx)
+        .patch(&obj.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+        .map_err(|e| Error::api(verb, &ctx.kind.kind, &obj.name_any(), e))?;
+    ctx.metrics.api_write("patch", &ctx.kind.kind);
+    Ok(())
+}
+
+async fn write_status(obj: &DynamicObject, ctx: &Context, status: &Value) -> Result<(), Error> {
+    let patch = json!({ "status": status });
+    cr_api(obj, ctx)
+        .patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .instrument(tracing::info_span!("status"))
+        .await
+        .map_err(|e| Error::api("patch status", &ctx.kind.kind, &obj.name_any(), e))?;
+    ctx.metrics.api_write("status", &ctx.kind.kind);
+    Ok(())
+}
+
+/// Marks the resource Degraded with the failure's reason and says so in an Event.
+async fn degrade(obj: &DynamicObject, ctx: &Context, resource: &Value, err: &Error) {
+    let message = err.to_string();
+    let status = status::degraded(resource, err.reason(), &message, &now_rfc3339());
+    if status::differs(resource, &status) {
+        if let Err(e) = write_status(obj, ctx, &status).await {
+            tracing::warn!(error = %e, "cannot record the failure in status");
+        }
+    }
+    ctx.events.publish(obj, EventType::Warning, err.reason(), &message).await;
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn now_rfc3339() -> String {
+    jiff::Timestamp::now().round(jiff::Unit::Second).map(|t| t.to_string()).unwrap_or_default()
+}
