@@ -31,3 +31,23 @@ pub fn fnv1a(data: &[u8]) -> String {
     }
     format!("{h:016x}")
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    /// Plans must be byte-identical natively and in Wasm: that holds only while serde_json
+    /// sorts map keys. A crate enabling serde_json's `preserve_order` anywhere in the
+    /// workspace (feature unification) breaks it, and this test says so.
+    #[test]
+    fn object_keys_serialise_sorted() {
+        let v = json!({ "b": 1, "a": { "d": 2, "c": 3 } });
+        assert_eq!(super::to_text(&v), r#"{"a":{"c":3,"d":2},"b":1}"#, "serde_json preserve_order is enabled");
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(super::fnv1a(b""), "cbf29ce484222325");
+        assert_eq!(super::fnv1a(b"a"), "af63dc4c8601ec8c");
+    }
+}
