@@ -1,0 +1,272 @@
+//! The operator's metrics: one `prometheus-client` registry holding every family named in
+//! DESIGN.md §7, behind a cheap-to-clone handle so the controller, the plugin runtime and the HTTP
+//! server all record into and read from the same registry.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use prometheus_client::encoding::{EncodeLabelSet, text};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+/// Histogram buckets in seconds, 1 ms to 10 s on a 1-2.5-5 ladder: a reconcile, a plugin call or
+/// a policy evaluation normally takes milliseconds, and anything past 10 s is an outlier whose
+/// exact value matters less than that it is counted. Written out so the exposition shows
+/// exact bucket bounds (`le="0.0025"`) instead of accumulated floating-point noise.
+const DURATION_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerResult {
+    controller: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginExport {
+    plugin: String,
+    export: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginReason {
+    plugin: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PluginBuild {
+    plugin: String,
+    version: String,
+    digest: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyResult {
+    policy: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabel {
+    policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindPhase {
+    kind: String,
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbKind {
+    verb: String,
+    kind: String,
+}
+
+/// Handle to the operator's metric registry. Cloning is cheap (one `Arc`); every clone records
+/// into the same families, so hand one to each component instead of threading a reference.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    reconciles: Family<ControllerResult, Counter>,
+    reconcile_seconds: Histograms<ControllerResult>,
+    plugin_call_seconds: Histograms<PluginExport>,
+    plugin_traps: Family<PluginReason, Counter>,
+    plugins_loaded: Family<PluginBuild, Gauge>,
+    plugin_load_failures: Family<PluginReason, Counter>,
+    policy_decisions: Family<PolicyResult, Counter>,
+    policy_eval_seconds: Histograms<PolicyLabel>,
+    managed_resources: Family<KindPhase, Gauge>,
+    api_writes: Family<VerbKind, Counter>,
+    /// The build currently loaded per plugin, so loading a new one retires the old series.
+    loaded_builds: Mutex<HashMap<String, PluginBuild>>,
+    /// Phases ever reported per kind, so a phase that empties out drops to 0 instead of
+    /// keeping its last count forever.
+    seen_phases: Mutex<HashMap<String, BTreeSet<String>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Builds the registry with every family registered up front, so `/metrics` lists each
+    /// metric's HELP/TYPE even before the first observation.
+    pub fn new() -> Self {
+        // The prefix gives every family the `stateward_` namespace; prometheus-client appends
+        // `_total` to counters and the unit suffix to families registered with a unit.
+        let mut registry = Registry::with_prefix("stateward");
+        let reconciles = Family::default();
+        registry.register("reconcile", "Reconciles finished, by controller and result", reconciles.clone());
+        let reconcile_seconds: Histograms<_> = Family::new_with_constructor(duration_histogram);
+        registry.register_with_unit(
+            "reconcile_duration",
+            "Wall time of one reconcile, by controller and result",
+            Unit::Seconds,
+            reconcile_seconds.clone(),
+        );
+        let plugin_call_seconds: Histograms<_> = Family::new_with_constructor(duration_histogram);
+        registry.register_with_unit(
+            "plugin_call_duration",
+            "Wall time of one call into a Wasm plugin export",
+            Unit::Seconds,
+            plugin_call_seconds.clone(),
+        );
+        let plugin_traps = Family::default();
+        registry.register("plugin_traps", "Plugin calls that ended in a trap, by reason", plugin_traps.clone());
+        let plugins_loaded = Family::default();
+        registry.register(
+            "plugins_loaded",
+            "Plugin builds currently loaded (1 per loaded plugin, labelled with its build)",
+            plugins_loaded.clone(),
+        );
+        let plugin_load_failures = Family::default();
+        registry.register(
+            "plugin_load_failures",
+            "Plugin loads that were refused or failed, by reason",
+            plugin_load_failures.clone(),
+        );
+        let policy_decisions = Family::default();
+        registry.register("policy_decisions", "Policy decisions, by policy and result", policy_decisions.clone());
+        let policy_eval_seconds: Histograms<_> = Family::new_with_constructor(duration_histogram);
+        registry.register_with_unit(
+            "policy_eval_duration",
+            "Wall time of one policy evaluation",
+            Unit::Seconds,
+            policy_eval_seconds.clone(),
+        );
+        let managed_resources = Family::default();
+        registry.register(
+            "managed_resources",
+            "Custom resources managed, by kind and status phase",
+            managed_resources.clone(),
+        );
+        let api_writes = Family::default();
+        registry.register(
+            "api_writes",
+            "Write requests sent to the Kubernetes API server, by verb and kind",
+            api_writes.clone(),
+        );
+        let inner = Inner {
+            registry,
+            reconciles,
+            reconcile_seconds,
+            plugin_call_seconds,
+            plugin_traps,
+            plugins_loaded,
+            plugin_load_failures,
+            policy_decisions,
+            policy_eval_seconds,
+            managed_resources,
+            api_writes,
+            loaded_builds: Mutex::new(HashMap::new()),
+            seen_phases: Mutex::new(HashMap::new()),
+        };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// Records one finished reconcile: `stateward_reconcile_total` and
+    /// `stateward_reconcile_duration_seconds`, both labelled `{controller, result}`.
+    pub fn reconcile(&self, controller: &str, result: &str, seconds: f64) {
+        let labels = ControllerResult { controller: controller.to_owned(), result: result.to_owned() };
+        self.inner.reconciles.get_or_create(&labels).inc();
+        self.inner.reconcile_seconds.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Records one call into a plugin export (`stateward_plugin_call_duration_seconds`).
+    pub fn plugin_call(&self, plugin: &str, export: &str, seconds: f64) {
+        let labels = PluginExport { plugin: plugin.to_owned(), export: export.to_owned() };
+        self.inner.plugin_call_seconds.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Counts a plugin trap (`stateward_plugin_traps_total{plugin, reason}`), e.g. fuel exhausted.
+    pub fn plugin_trap(&self, plugin: &str, reason: &str) {
+        let labels = PluginReason { plugin: plugin.to_owned(), reason: reason.to_owned() };
+        self.inner.plugin_traps.get_or_create(&labels).inc();
+    }
+
+    /// Marks a plugin build as loaded (`stateward_plugins_loaded{plugin, version, digest} 1`).
+    /// The series of a previously loaded build of the same plugin is removed, so summing the
+    /// family counts plugins, not every build ever seen.
+    pub fn plugin_loaded(&self, plugin: &str, version: &str, digest: &str) {
+        let build = PluginBuild { plugin: plugin.to_owned(), version: version.to_owned(), digest: digest.to_owned() };
+        let mut loaded = self.inner.loaded_builds.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(old) = loaded.insert(plugin.to_owned(), build.clone()) {
+            if old != build {
+                self.inner.plugins_loaded.remove(&old);
+            }
+        }
+        self.inner.plugins_loaded.get_or_create(&build).set(1);
+    }
+
+    /// Counts a refused or failed plugin load (`stateward_plugin_load_failures_total`).
+    pub fn plugin_load_failure(&self, plugin: &str, reason: &str) {
+        let labels = PluginReason { plugin: plugin.to_owned(), reason: reason.to_owned() };
+        self.inner.plugin_load_failures.get_or_create(&labels).inc();
+    }
+
+    /// Records one policy evaluation: `stateward_policy_decisions_total{policy, result}` and
+    /// `stateward_policy_eval_duration_seconds{policy}` (the result is not a histogram label so
+    /// the bucket series stay few).
+    pub fn policy_decision(&self, policy: &str, result: &str, seconds: f64) {
+        let labels = PolicyResult { policy: policy.to_owned(), result: result.to_owned() };
+        self.inner.policy_decisions.get_or_create(&labels).inc();
+        let policy = PolicyLabel { policy: policy.to_owned() };
+        self.inner.policy_eval_seconds.get_or_create(&policy).observe(seconds);
+    }
+
+    /// Sets `stateward_managed_resources{kind, phase}` from a full count of one kind's resources
+    /// by phase. Phases reported earlier but absent from `counts` are set to 0, because the
+    /// caller reports what exists now, not what changed.
+    pub fn managed_resources(&self, kind: &str, counts: &[(String, i64)]) {
+        let mut seen = self.inner.seen_phases.lock().unwrap_or_else(PoisonError::into_inner);
+        let phases = seen.entry(kind.to_owned()).or_default();
+        for phase in phases.iter() {
+            if !counts.iter().any(|(p, _)| p == phase) {
+                let labels = KindPhase { kind: kind.to_owned(), phase: phase.clone() };
+                self.inner.managed_resources.get_or_create(&labels).set(0);
+            }
+        }
+        for (phase, count) in counts {
+            let labels = KindPhase { kind: kind.to_owned(), phase: phase.clone() };
+            self.inner.managed_resources.get_or_create(&labels).set(*count);
+            phases.insert(phase.clone());
+        }
+    }
+
+    /// Counts one write request to the API server (`stateward_api_writes_total{verb, kind}`);
+    /// a converged resource must leave this unchanged when reconciled again.
+    pub fn api_write(&self, verb: &str, kind: &str) {
+        let labels = VerbKind { verb: verb.to_owned(), kind: kind.to_owned() };
+        self.inner.api_writes.get_or_create(&labels).inc();
+    }
+
+    /// The whole registry in the OpenMetrics text format (ends with `# EOF`).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail; an error here could only come from a label
+        // encoder, and a partial exposition is still more useful than none.
+        if let Err(err) = text::encode(&mut out, &self.inner.registry) {
+            tracing::warn!(error = %err, "encoding metrics failed");
+        }
+        out
+    }
+}

@@ -1,0 +1,12 @@
+//! Telemetry for the operator (DESIGN.md §7): one Prometheus registry, the plain HTTP port that
+//! serves it together with health and debug endpoints, and the `tracing` log setup.
+//!
+//! Kept apart from the controller so the reconcile code only calls small recording methods and
+//! never deals with metric families, HTTP routing or subscriber wiring.
+
+pub mod http;
+pub mod logging;
+pub mod metrics;
+
+pub use http::{DebugState, serve};
+pub use metrics::Metrics;
