@@ -330,6 +330,9 @@ fn json_log_child() {
     let apply = tracing::info_span!("apply", kind = "StatefulSet");
     let _a = apply.enter();
     tracing::warn!(error = "conflict", "apply failed");
+    drop((_a, _r));
+    // A crate that logs through `log` rather than `tracing` (bridged by the subscriber).
+    log::warn!(target: "rustls::client", "from the log crate");
 }
 
 #[test]
@@ -342,13 +345,18 @@ fn json_logs_are_flat_lines_with_span_fields() {
         .expect("run child");
     assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let events: Vec<serde_json::Value> = stderr
+    let mut events: Vec<serde_json::Value> = stderr
         .lines()
         .filter(|l| l.starts_with('{'))
         .map(|l| serde_json::from_str(l).map_err(|e| format!("{e}: {l}")))
         .collect::<Result<_, _>>()
         .expect("every log line is one JSON object");
-    assert_eq!(events.len(), 2, "the info and warn events, debug filtered out:\n{stderr}");
+    assert_eq!(events.len(), 3, "the info, warn and log-crate events, debug filtered out:\n{stderr}");
+    let bridged = events.pop().expect("log-crate event");
+    assert_eq!(bridged["target"], "rustls::client", "real target of a `log` record: {bridged}");
+    assert_eq!(bridged["message"], "from the log crate");
+    assert!(bridged.as_object().is_some_and(|o| !o.keys().any(|k| k.starts_with("log."))), "{bridged}");
+    assert!(bridged.get("spans").is_none(), "outside any span: {bridged}");
     for ev in &events {
         let line = ev.to_string();
         assert!(ev["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')), "{line}");

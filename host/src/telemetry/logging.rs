@@ -75,8 +75,13 @@ where
             }
         }
 
-        let mut visitor = FieldsToJson(&mut line);
+        let mut visitor = FieldsToJson { line: &mut line, log_target: None };
         event.record(&mut visitor);
+        // Records from crates that use `log` arrive with target "log" and their real target in a
+        // `log.target` field (tracing-log's bridge); report the real one, as the stock formatter does.
+        if let Some(target) = visitor.log_target.take() {
+            line.insert("target".into(), Value::String(target));
+        }
         if !spans.is_empty() {
             line.insert("spans".into(), Value::Array(spans));
         }
@@ -84,12 +89,24 @@ where
     }
 }
 
-/// Collects an event's fields into a JSON map, keeping numbers and booleans typed.
-struct FieldsToJson<'a>(&'a mut Map<String, Value>);
+/// Collects an event's fields into a JSON map, keeping numbers and booleans typed. The `log.*`
+/// fields added by the `log` bridge (target, module path, file, line) are dropped, except the
+/// target, which replaces the placeholder "log".
+struct FieldsToJson<'a> {
+    line: &'a mut Map<String, Value>,
+    log_target: Option<String>,
+}
 
 impl FieldsToJson<'_> {
     fn put(&mut self, field: &Field, value: Value) {
-        self.0.insert(field.name().to_owned(), value);
+        let name = field.name();
+        if name.starts_with("log.") {
+            if let ("log.target", Value::String(target)) = (name, value) {
+                self.log_target = Some(target);
+            }
+            return;
+        }
+        self.line.insert(name.to_owned(), value);
     }
 }
 
