@@ -193,3 +193,70 @@ async fn api_errors_never_make_a_leader() -> anyhow::Result<()> {
     }
     stop(e).await
 }
+
+/// A loopback TCP forwarder to the API server that can be "cut": from then on, every open
+/// and new connection hangs (no data, no reset), like a network partition.
+async fn partitionable(target: String) -> anyhow::Result<(u16, tokio::sync::watch::Sender<bool>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let (cut, cut_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let (target, mut cut_rx) = (target.clone(), cut_rx.clone());
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                    if !*cut_rx.borrow() {
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => return,
+                            _ = cut_rx.wait_for(|c| *c) => {}
+                        }
+                    }
+                    // Partitioned: keep both sockets open and silent until the test ends.
+                    std::future::pending::<()>().await;
+                }
+            });
+        }
+    });
+    Ok((port, cut))
+}
+
+/// The leader loses the API server (hanging connections): it must step down within the
+/// renew deadline, before the Lease expires, and only then may the follower take over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_leader_steps_down_before_takeover() -> anyhow::Result<()> {
+    let env = TestEnv::new("leader-partition").await?;
+    let kubeconfig = kube::config::Kubeconfig::read_from(env.kubeconfig())?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    let api_server = config.cluster_url.authority().context("API server URL without host")?.to_string();
+    let (port, cut) = partitionable(api_server).await?;
+    config.cluster_url = format!("https://127.0.0.1:{port}").parse()?;
+    let cfg = LeaderConfig::new(&env.namespace, LEASE, "replica-a");
+    let (renew_deadline, lease_duration) = (cfg.renew_deadline, cfg.lease_duration);
+    let a = start(kube::Client::try_from(config)?, cfg);
+    wait_for(Duration::from_secs(20), "replica-a leads", || a.leadership.is_leader()).await?;
+    let b = elector(&env, "replica-b");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(a.leadership.is_leader() && !b.leadership.is_leader(), "replica-a should still lead");
+
+    let cut_at = Instant::now();
+    cut.send_replace(true);
+    let mut stepped_down = None;
+    while !b.leadership.is_leader() {
+        let la = a.leadership.is_leader();
+        ensure!(!(la && b.leadership.is_leader()), "both lead {:?} after the cut", cut_at.elapsed());
+        if !la && stepped_down.is_none() {
+            stepped_down = Some(cut_at.elapsed());
+        }
+        ensure!(cut_at.elapsed() < Duration::from_secs(25), "replica-b did not take over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = cut_at.elapsed();
+    let stepped_down = stepped_down.context("replica-b leads while replica-a never stepped down")?;
+    println!("partition: leader stepped down after {stepped_down:?}, follower took over after {took:?}");
+    // The last renewal succeeded at most one retry period before the cut.
+    ensure!(stepped_down <= renew_deadline + Duration::from_millis(500), "stepped down late: {stepped_down:?}");
+    ensure!(took <= lease_duration + Duration::from_secs(5), "takeover took {took:?}");
+    ensure!(!a.leadership.is_leader(), "replica-a leads again while partitioned");
+    a.handle.abort();
+    stop(b).await
+}
