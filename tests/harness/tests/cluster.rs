@@ -126,7 +126,7 @@ async fn statefulset_pods_spread_over_zones_become_ready_and_bind_precreated_vol
                 pvc.status.and_then(|s| s.phase).as_deref() == Some("Bound"),
                 "data-db-{i} is not Bound"
             );
-            // The DefaultStorageClass admission plugin filled in the default class.
+            // The claim template names no class: the default one was filled in.
             ensure!(pvc_spec.storage_class_name.as_deref() == Some("local"), "class {:?}", pvc_spec.storage_class_name);
             let pv_name = pvc_spec.volume_name.context("pvc without volume")?;
             let pv = pvs.get(&pv_name).await?;
