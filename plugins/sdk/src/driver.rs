@@ -115,7 +115,11 @@ fn check_kind<B: Blueprint>(obj: &Value) -> Result<(), FieldError> {
 
 fn parse<B: Blueprint>(text: &str) -> Result<Cluster, Vec<FieldError>> {
     let obj = parse_object(text).map_err(|e| vec![e])?;
-    check_kind::<B>(&obj).map_err(|e| vec![e])?;
+    parse_value::<B>(&obj)
+}
+
+fn parse_value<B: Blueprint>(obj: &Value) -> Result<Cluster, Vec<FieldError>> {
+    check_kind::<B>(obj).map_err(|e| vec![e])?;
     // Parameter errors are reported alongside any other field error.
     let params: std::collections::BTreeMap<String, String> = obj
         .get("spec")
@@ -124,7 +128,7 @@ fn parse<B: Blueprint>(text: &str) -> Result<Cluster, Vec<FieldError>> {
         .map(|m| m.iter().filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string()))).collect())
         .unwrap_or_default();
     let mut errs = check_parameters(&params, B::PARAMETERS, B::FORBIDDEN);
-    match parse_cluster(&obj) {
+    match parse_cluster(obj) {
         Ok(cluster) if errs.is_empty() => Ok(cluster),
         Ok(_) => Err(errs),
         Err(mut more) => {
@@ -167,12 +171,34 @@ fn ctx<B: Blueprint>(cluster: &Cluster) -> Ctx<'_> {
     Ctx { cluster, service: B::NAME, component: B::COMPONENT }
 }
 
-fn parse_children(children: &[String]) -> Result<Vec<Value>, String> {
-    children
-        .iter()
-        .enumerate()
-        .map(|(i, c)| serde_json::from_str(c).map_err(|e| format!("child {i} is not JSON: {e}")))
-        .collect()
+/// Just enough of a child to decide whether it matters.
+#[derive(serde::Deserialize)]
+struct Head<'a> {
+    #[serde(borrow, default)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    metadata: Option<HeadMeta<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct HeadMeta<'a> {
+    #[serde(borrow, default)]
+    name: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// Parses the children of the `wanted` kinds; every child is still checked to be JSON, but
+/// the others are only scanned, not built (most of the input is children we do not read).
+fn parse_children(children: &[String], wanted: &[&str]) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    for (i, c) in children.iter().enumerate() {
+        let head: Head = serde_json::from_str(c).map_err(|e| format!("child {i} is not JSON: {e}"))?;
+        let named = head.metadata.as_ref().and_then(|m| m.name.as_deref()).is_some();
+        let keep = named && head.kind.as_deref().is_some_and(|k| wanted.contains(&k));
+        if keep {
+            out.push(serde_json::from_str(c).map_err(|e| format!("child {i} is not JSON: {e}"))?);
+        }
+    }
+    Ok(out)
 }
 
 /// The desired children of a cluster, in apply order (config before the pods that mount it).
@@ -215,9 +241,9 @@ fn report<B: Blueprint>(ctx: Option<&Ctx>, d: &Derived) -> StatusReport {
 pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
     let obj = parse_object(&input.resource).map_err(|e| format!("resource: {}", e.message))?;
     check_kind::<B>(&obj).map_err(|e| format!("resource: {}: {}", e.path, e.message))?;
-    let children = parse_children(&input.children)?;
+    let children = parse_children(&input.children, &["StatefulSet"])?;
     let last_phase = str_at(&obj, &["status", "phase"]);
-    let cluster = match parse::<B>(&input.resource) {
+    let cluster = match parse_value::<B>(&obj) {
         Ok(c) => c,
         Err(errs) => {
             let msg = errs.iter().map(|e| format!("{}: {}", e.path, e.message)).collect::<Vec<_>>().join("; ");
@@ -247,7 +273,7 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
 /// (its pods hold the claims) and every data claim of this cluster; done when none is left.
 pub fn finalize(input: &Observed) -> Result<Cleanup, String> {
     let obj = parse_object(&input.resource).map_err(|e| format!("resource: {}", e.message))?;
-    let children = parse_children(&input.children)?;
+    let children = parse_children(&input.children, &["StatefulSet", "PersistentVolumeClaim"])?;
     let name = str_at(&obj, &["metadata", "name"]).ok_or("resource: metadata.name is missing")?;
     let retention = match str_at(&obj, &["spec", "retentionPolicy"]) {
         Some("Delete") => Retention::Delete,

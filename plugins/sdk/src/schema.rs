@@ -117,6 +117,7 @@ pub fn status(extra: &Map<String, Value>) -> Value {
     p.insert("observedGeneration".into(), json!({ "type": "integer", "format": "int64" }));
     p.insert("readyReplicas".into(), json!({ "type": "integer", "format": "int32" }));
     p.insert("plugin".into(), json!({ "type": "string", "description": "name@version of the plugin." }));
+    p.insert("pluginDigest".into(), json!({ "type": "string", "description": "sha256 digest of the plugin build that wrote this status." }));
     p.insert(
         "conditions".into(),
         json!({
