@@ -128,8 +128,29 @@ deny contains msg if {
 
 allowed_image(img) if {
 	some prefix in cfg.allowed_registries
-	startswith(img, prefix)
+	startswith(full_image(img), prefix)
 }
+
+# A reference without a registry host ("postgres:17", "bitnami/redis") is on Docker Hub, the
+# way container runtimes resolve it; official images live under library/.
+full_image(img) := img if {
+	first := split(img, "/")[0]
+	contains(img, "/")
+	registry_host(first)
+}
+
+full_image(img) := concat("", ["docker.io/", img]) if {
+	contains(img, "/")
+	not registry_host(split(img, "/")[0])
+}
+
+full_image(img) := concat("", ["docker.io/library/", img]) if not contains(img, "/")
+
+registry_host(part) if contains(part, ".")
+
+registry_host(part) if contains(part, ":")
+
+registry_host(part) if part == "localhost"
 
 deny contains msg if {
 	mutating

@@ -194,3 +194,12 @@ test_cronjob_pod_checked if {
 	some msg in msgs
 	startswith(msg, "host-namespace: ")
 }
+
+test_image_without_registry_is_docker_hub if {
+	guardrails.allowed_image("postgres:17.2")
+	guardrails.allowed_image("redis:7.4")
+	not guardrails.allowed_image("bitnami/redis:7")
+	guardrails.allowed_image("docker.elastic.co/elasticsearch/elasticsearch:8.15.0")
+	not guardrails.allowed_image("evil.example:5000/postgres:17")
+	not guardrails.allowed_image("localhost/postgres:17")
+}

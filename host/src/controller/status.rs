@@ -25,7 +25,7 @@ pub fn phase_word(p: Phase) -> &'static str {
     }
 }
 
-/// Who computed the status: shown as `status.plugin`.
+/// Who computed the status: shown as `status.plugin` (name@version) and `status.pluginDigest`.
 pub struct PluginStamp<'a> {
     pub name: &'a str,
     pub version: &'a str,
@@ -50,10 +50,8 @@ pub fn desired(resource: &Value, report: &StatusReport, plugin: &PluginStamp<'_>
         "observedGeneration".into(),
         resource.pointer("/metadata/generation").cloned().unwrap_or(json!(0)),
     );
-    status.insert(
-        "plugin".into(),
-        json!({"name": plugin.name, "version": plugin.version, "digest": format!("sha256:{}", plugin.digest)}),
-    );
+    status.insert("plugin".into(), json!(format!("{}@{}", plugin.name, plugin.version)));
+    status.insert("pluginDigest".into(), json!(format!("sha256:{}", plugin.digest)));
     Value::Object(status)
 }
 
