@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use stateward::telemetry::{DebugState, Metrics, http, logging};
+use stateward::telemetry::{http, logging, DebugState, Metrics};
 use tokio::sync::oneshot;
 
 struct Response {
@@ -38,10 +38,8 @@ async fn get(addr: SocketAddr, path: &str) -> Response {
         let mut lines = head.lines();
         let status_line = lines.next().expect("status line");
         let status = status_line.split(' ').nth(1).expect("status code").parse().expect("numeric status");
-        let headers = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
-            .collect();
+        let headers =
+            lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned())).collect();
         Response { status, headers, body: body.to_owned() }
     })
     .await
@@ -236,10 +234,8 @@ fn promtool() -> PathBuf {
 /// one `promtool check metrics` parses: an OpenMetrics counter family `x` with samples `x_total`
 /// is the classic family `x_total`, and `# UNIT` / `# EOF` do not exist there.
 fn to_classic(openmetrics: &str) -> String {
-    let counters: Vec<&str> = openmetrics
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-        .collect();
+    let counters: Vec<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
     let mut out = String::new();
     for line in openmetrics.lines() {
         if line == "# EOF" || line.starts_with("# UNIT ") {
@@ -298,10 +294,8 @@ async fn promtool_accepts_the_exposition() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     let ts = 1_700_000_000; // any fixed time: the blocks are read back and deleted
-    let stamped: String = body
-        .lines()
-        .map(|l| if l.starts_with('#') { format!("{l}\n") } else { format!("{l} {ts}\n") })
-        .collect();
+    let stamped: String =
+        body.lines().map(|l| if l.starts_with('#') { format!("{l}\n") } else { format!("{l} {ts}\n") }).collect();
     let input = dir.join("metrics.om");
     std::fs::write(&input, &stamped).expect("write input");
     let blocks = dir.join("blocks");

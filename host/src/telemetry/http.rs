@@ -9,12 +9,12 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Json};
 use axum::routing::get;
-use serde_json::{Value, json};
+use axum::Router;
+use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use super::Metrics;
@@ -152,9 +152,7 @@ pub async fn serve_listener(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving metrics, health and debug endpoints");
     }
-    axum::serve(listener, router(metrics, state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(listener, router(metrics, state)).with_graceful_shutdown(shutdown).await
 }
 
 async fn metrics_text(State(app): State<AppState>) -> impl IntoResponse {

@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use prometheus_client::encoding::{EncodeLabelSet, text};
+use prometheus_client::encoding::{text, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -16,9 +16,7 @@ use prometheus_client::registry::{Registry, Unit};
 /// a policy evaluation normally takes milliseconds, and anything past 10 s is an outlier whose
 /// exact value matters less than that it is counted. Written out so the exposition shows
 /// exact bucket bounds (`le="0.0025"`) instead of accumulated floating-point noise.
-const DURATION_BUCKETS: [f64; 13] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
+const DURATION_BUCKETS: [f64; 13] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
 fn duration_histogram() -> Histogram {
     Histogram::new(DURATION_BUCKETS)

@@ -8,5 +8,5 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 
-pub use http::{DebugState, serve};
+pub use http::{serve, DebugState};
 pub use metrics::Metrics;
