@@ -33,7 +33,7 @@ pub struct LeaderConfig {
     pub namespace: String,
     /// Name of the Lease shared by all replicas.
     pub lease_name: String,
-    /// Unique per replica (e.g. the pod name); written to `holderIdentity`.
+    /// Unique per replica (e.g. the pod name), written to `holderIdentity`: replicas sharing one would both lead.
     pub identity: String,
     /// How long a Lease stays valid after its last renewal; followers wait this long.
     pub lease_duration: Duration,
@@ -219,7 +219,10 @@ fn is_held(spec: &LeaseSpec) -> bool {
     let (Some(renewed), Some(secs)) = (spec.renew_time.as_ref(), spec.lease_duration_seconds) else {
         return false;
     };
-    let expires = renewed.0.as_millisecond().saturating_add(i64::from(secs).saturating_mul(1000));
+    let expires = renewed
+        .0
+        .as_millisecond()
+        .saturating_add(i64::from(secs).saturating_mul(1000));
     !holder(spec).is_empty() && jiff::Timestamp::now().as_millisecond() <= expires
 }
 
@@ -240,7 +243,10 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaderConfig) -> Result<bo
     };
     let Some(mut lease) = api.get_opt(&cfg.lease_name).await? else {
         let lease = Lease {
-            metadata: ObjectMeta { name: Some(cfg.lease_name.clone()), ..ObjectMeta::default() },
+            metadata: ObjectMeta {
+                name: Some(cfg.lease_name.clone()),
+                ..ObjectMeta::default()
+            },
             spec: Some(ours(0, now())),
         };
         return match api.create(&PostParams::default(), &lease).await {
@@ -271,8 +277,12 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaderConfig) -> Result<bo
 /// Empties `holderIdentity` if we still hold the Lease, so a follower takes it on its next
 /// round; `Ok(false)` when there was nothing of ours to release.
 async fn release(api: &Api<Lease>, cfg: &LeaderConfig) -> Result<bool, kube::Error> {
-    let Some(mut lease) = api.get_opt(&cfg.lease_name).await? else { return Ok(false) };
-    let Some(spec) = lease.spec.as_mut().filter(|s| holder(s) == cfg.identity) else { return Ok(false) };
+    let Some(mut lease) = api.get_opt(&cfg.lease_name).await? else {
+        return Ok(false);
+    };
+    let Some(spec) = lease.spec.as_mut().filter(|s| holder(s) == cfg.identity) else {
+        return Ok(false);
+    };
     spec.holder_identity = None;
     spec.lease_duration_seconds = Some(1);
     spec.renew_time = Some(now());

@@ -28,7 +28,11 @@ fn start(client: kube::Client, cfg: LeaderConfig) -> Elector {
     let (leadership, handle) = leader::spawn(client, cfg, async {
         let _ = stopped.await;
     });
-    Elector { leadership, handle, stop }
+    Elector {
+        leadership,
+        handle,
+        stop,
+    }
 }
 
 fn elector(env: &TestEnv, identity: &str) -> Elector {
@@ -48,12 +52,17 @@ async fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -
 async fn lease(env: &TestEnv) -> anyhow::Result<(String, i32)> {
     let lease = env.api::<Lease>().get(LEASE).await?;
     let spec = lease.spec.context("lease without spec")?;
-    Ok((spec.holder_identity.unwrap_or_default(), spec.lease_transitions.unwrap_or(0)))
+    Ok((
+        spec.holder_identity.unwrap_or_default(),
+        spec.lease_transitions.unwrap_or(0),
+    ))
 }
 
 async fn stop(e: Elector) -> anyhow::Result<()> {
     let _ = e.stop.send(());
-    tokio::time::timeout(Duration::from_secs(15), e.handle).await.context("elector did not stop")??;
+    tokio::time::timeout(Duration::from_secs(15), e.handle)
+        .await
+        .context("elector did not stop")??;
     ensure!(!e.leadership.is_leader(), "still leader after shutdown");
     Ok(())
 }
@@ -74,7 +83,11 @@ async fn exactly_one_leader_at_a_time() -> anyhow::Result<()> {
         ensure!(la != lb, "sample {i}: replica-a leads={la}, replica-b leads={lb}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let leader = if a.leadership.is_leader() { "replica-a" } else { "replica-b" };
+    let leader = if a.leadership.is_leader() {
+        "replica-a"
+    } else {
+        "replica-b"
+    };
     let (holder, transitions) = lease(&env).await?;
     ensure!(holder == leader, "lease names {holder}, but {leader} believes it leads");
     ensure!(transitions == 0, "leadership changed hands {transitions} times in 10 s");
@@ -92,17 +105,29 @@ async fn takeover_after_crash_within_20s() -> anyhow::Result<()> {
     wait_for(Duration::from_secs(20), "replica-a leads", || a.leadership.is_leader()).await?;
     let b = elector(&env, "replica-b");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    ensure!(!b.leadership.is_leader(), "replica-b leads while replica-a holds the lease");
+    ensure!(
+        !b.leadership.is_leader(),
+        "replica-b leads while replica-a holds the lease"
+    );
     let (_, before) = lease(&env).await?;
 
     a.handle.abort();
-    let took = wait_for(Duration::from_secs(25), "replica-b takes over", || b.leadership.is_leader()).await?;
+    let took = wait_for(Duration::from_secs(25), "replica-b takes over", || {
+        b.leadership.is_leader()
+    })
+    .await?;
     println!("takeover after the leader was killed: {took:?}");
-    ensure!(!a.leadership.is_leader(), "an aborted elector must not report leadership");
+    ensure!(
+        !a.leadership.is_leader(),
+        "an aborted elector must not report leadership"
+    );
     ensure!(took <= Duration::from_secs(20), "takeover took {took:?} > 20 s");
     // The lease was renewed at most one retry period before the kill, so it was valid for
     // at least 15 - 2 = 13 s more; taking it much earlier would mean two writers.
-    ensure!(took >= Duration::from_secs(12), "took over after {took:?}: the lease was still valid");
+    ensure!(
+        took >= Duration::from_secs(12),
+        "took over after {took:?}: the lease was still valid"
+    );
     let (holder, after) = lease(&env).await?;
     ensure!(holder == "replica-b", "lease holder is {holder}");
     ensure!(after == before + 1, "leaseTransitions {before} -> {after}");
@@ -118,7 +143,10 @@ async fn takeover_after_release_within_one_retry() -> anyhow::Result<()> {
     wait_for(Duration::from_secs(20), "replica-a leads", || a.leadership.is_leader()).await?;
     let b = elector(&env, "replica-b");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    ensure!(!b.leadership.is_leader(), "replica-b leads while replica-a holds the lease");
+    ensure!(
+        !b.leadership.is_leader(),
+        "replica-b leads while replica-a holds the lease"
+    );
     let (_, before) = lease(&env).await?;
 
     let a_view = a.leadership.clone();
@@ -129,10 +157,15 @@ async fn takeover_after_release_within_one_retry() -> anyhow::Result<()> {
     })
     .await?;
     ensure!(!a_view.is_leader(), "both lead after the release");
-    tokio::time::timeout(Duration::from_secs(15), a.handle).await.context("replica-a did not stop")??;
+    tokio::time::timeout(Duration::from_secs(15), a.handle)
+        .await
+        .context("replica-a did not stop")??;
     println!("takeover after a graceful release: {:?}", started.elapsed());
     let retry = LeaderConfig::new("", "", "").retry_period;
-    ensure!(took <= retry + Duration::from_secs(1), "takeover took {took:?} > retry period + 1 s");
+    ensure!(
+        took <= retry + Duration::from_secs(1),
+        "takeover took {took:?} > retry period + 1 s"
+    );
     let (holder, after) = lease(&env).await?;
     ensure!(holder == "replica-b", "lease holder is {holder}");
     ensure!(after == before + 1, "leaseTransitions {before} -> {after}");
@@ -158,13 +191,25 @@ async fn expired_lease_is_taken_valid_one_is_not() -> anyhow::Result<()> {
     leases.create(&pp, &foreign("held", jiff::Timestamp::now())?).await?;
 
     let a = elector(&env, "replica-a");
-    let b = start(env.client.clone(), LeaderConfig::new(&env.namespace, "held", "replica-b"));
-    let took = wait_for(Duration::from_secs(5), "expired lease taken", || a.leadership.is_leader()).await?;
+    let b = start(
+        env.client.clone(),
+        LeaderConfig::new(&env.namespace, "held", "replica-b"),
+    );
+    let took = wait_for(Duration::from_secs(5), "expired lease taken", || {
+        a.leadership.is_leader()
+    })
+    .await?;
     println!("expired foreign lease taken after {took:?}");
     let (holder, transitions) = lease(&env).await?;
-    ensure!(holder == "replica-a" && transitions == 8, "lease: {holder}, transitions {transitions}");
+    ensure!(
+        holder == "replica-a" && transitions == 8,
+        "lease: {holder}, transitions {transitions}"
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    ensure!(!b.leadership.is_leader(), "replica-b took a lease another holder renewed just now");
+    ensure!(
+        !b.leadership.is_leader(),
+        "replica-b took a lease another holder renewed just now"
+    );
     let held = leases.get("held").await?.spec.and_then(|s| s.holder_identity);
     ensure!(held.as_deref() == Some("ghost"), "valid lease now held by {held:?}");
     stop(a).await?;
@@ -227,7 +272,11 @@ async fn partitioned_leader_steps_down_before_takeover() -> anyhow::Result<()> {
     let env = TestEnv::new("leader-partition").await?;
     let kubeconfig = kube::config::Kubeconfig::read_from(env.kubeconfig())?;
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-    let api_server = config.cluster_url.authority().context("API server URL without host")?.to_string();
+    let api_server = config
+        .cluster_url
+        .authority()
+        .context("API server URL without host")?
+        .to_string();
     let (port, cut) = partitionable(api_server).await?;
     config.cluster_url = format!("https://127.0.0.1:{port}").parse()?;
     let cfg = LeaderConfig::new(&env.namespace, LEASE, "replica-a");
@@ -236,26 +285,42 @@ async fn partitioned_leader_steps_down_before_takeover() -> anyhow::Result<()> {
     wait_for(Duration::from_secs(20), "replica-a leads", || a.leadership.is_leader()).await?;
     let b = elector(&env, "replica-b");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    ensure!(a.leadership.is_leader() && !b.leadership.is_leader(), "replica-a should still lead");
+    ensure!(
+        a.leadership.is_leader() && !b.leadership.is_leader(),
+        "replica-a should still lead"
+    );
 
     let cut_at = Instant::now();
     cut.send_replace(true);
     let mut stepped_down = None;
     while !b.leadership.is_leader() {
         let la = a.leadership.is_leader();
-        ensure!(!(la && b.leadership.is_leader()), "both lead {:?} after the cut", cut_at.elapsed());
+        ensure!(
+            !(la && b.leadership.is_leader()),
+            "both lead {:?} after the cut",
+            cut_at.elapsed()
+        );
         if !la && stepped_down.is_none() {
             stepped_down = Some(cut_at.elapsed());
         }
-        ensure!(cut_at.elapsed() < Duration::from_secs(25), "replica-b did not take over");
+        ensure!(
+            cut_at.elapsed() < Duration::from_secs(25),
+            "replica-b did not take over"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let took = cut_at.elapsed();
     let stepped_down = stepped_down.context("replica-b leads while replica-a never stepped down")?;
     println!("partition: leader stepped down after {stepped_down:?}, follower took over after {took:?}");
     // The last renewal succeeded at most one retry period before the cut.
-    ensure!(stepped_down <= renew_deadline + Duration::from_millis(500), "stepped down late: {stepped_down:?}");
-    ensure!(took <= lease_duration + Duration::from_secs(5), "takeover took {took:?}");
+    ensure!(
+        stepped_down <= renew_deadline + Duration::from_millis(500),
+        "stepped down late: {stepped_down:?}"
+    );
+    ensure!(
+        took <= lease_duration + Duration::from_secs(5),
+        "takeover took {took:?}"
+    );
     ensure!(!a.leadership.is_leader(), "replica-a leads again while partitioned");
     a.handle.abort();
     stop(b).await
