@@ -4,6 +4,8 @@
 //!
 //! STATEWARD_BLESS=1 rewrites the golden files and deploy/crds.
 
+#![allow(clippy::panic, clippy::unwrap_used)]
+
 mod support;
 
 use std::path::PathBuf;
