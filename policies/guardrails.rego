@@ -156,7 +156,7 @@ deny contains msg if {
 	mutating
 	some c in all_containers
 	img := object.get(c, "image", "")
-	not allowed_image(img)
+	not strings.any_prefix_match(img, cfg.allowed_registries)
 	msg := sprintf("image-registry: container %s image %s is not from an allowed registry", [cname(c), img])
 }
 

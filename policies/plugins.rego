@@ -37,7 +37,8 @@ deny contains msg if {
 }
 
 deny contains msg if {
-	allowed_kinds := entry.kinds
+	allowed_kinds := object.get(entry, "kinds", null)
+	is_array(allowed_kinds)
 	some k in object.get(input, "kinds", [])
 	not kind_allowed(k, allowed_kinds)
 	msg := sprintf("kinds: plugin %s may not declare %s/%s", [name, object.get(k, "apiVersion", ""), object.get(k, "kind", "")])

@@ -265,7 +265,7 @@ fn admission_and_plugin_load_decisions() {
         kinds: vec![KindRef { api_version: "stateward.dev/v1alpha1".into(), kind: "PostgresCluster".into() }],
     };
     let ok = gate.plugin_load(&ctx(), &load("postgres", 1000));
-    assert!(ok.allowed());
+    assert!(ok.allowed(), "{ok:?}");
     assert_eq!(ok.warned.len(), 1, "unpinned plugin warns");
     assert!(!gate.plugin_load(&ctx(), &load("miner", 1000)).allowed());
     assert!(!gate.plugin_load(&ctx(), &load("postgres", 2 << 20)).allowed());

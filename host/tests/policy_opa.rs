@@ -152,6 +152,7 @@ fn corpus_gives_identical_decisions_under_opa_eval_and_regorus() {
     let cases = corpus();
     assert!(cases.len() >= 50, "corpus has {} inputs", cases.len());
     let engine = PolicyEngine::compile(&Bundle::from_dir(&policies()).expect("bundle")).expect("compile");
+    assert!(engine.rvm_fallbacks().is_empty(), "all decision points run on the RVM: {:?}", engine.rvm_fallbacks());
     let mut seen = BTreeSet::new();
     for case in &cases {
         let name = case["name"].as_str().expect("name");
@@ -183,6 +184,9 @@ fn corpus_gives_identical_decisions_under_opa_eval_and_regorus() {
         assert_eq!(ev.error, None, "{name}: regorus error");
         assert_eq!(ev.deny, opa_deny, "{name}: deny sets differ");
         assert_eq!(ev.warn, opa_warn, "{name}: warn sets differ");
+        // The interpreter path (used for queries and tests) agrees with the RVM path.
+        let interp = engine.query(&format!("{}.deny", point.package()), &case["input"]).expect("query");
+        assert_eq!(strings(&interp), ev.deny, "{name}: interpreter and RVM differ");
         assert_eq!(rule_ids(&ev.deny), strings(&case["expect"]["deny"]), "{name}: expected deny rules");
         assert_eq!(rule_ids(&ev.warn), strings(&case["expect"]["warn"]), "{name}: expected warn rules");
         seen.insert((point.name(), ev.deny.is_empty()));

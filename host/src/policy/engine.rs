@@ -1,9 +1,16 @@
-//! The compiled policy engine: one warmed `regorus::Engine` per bundle digest, cloned for each
-//! decision (a clone shares the parsed modules and data), so evaluation never re-parses and
-//! never holds a lock.
+//! The compiled policy engine, built once per bundle digest. Decisions run on regorus' RVM: each
+//! decision point's `deny`/`warn` rules are compiled to one bytecode program at load time and
+//! every decision executes it in a fresh, cheap VM (no lock, no re-parse). A warmed interpreter
+//! `regorus::Engine` (cloned per call; a clone shares the parsed modules and data) serves tests,
+//! ad-hoc queries, and any decision point the RVM compiler cannot handle.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Instant;
+
+use regorus::languages::rego::compiler::Compiler;
+use regorus::rvm::program::Program;
+use regorus::rvm::vm::RegoVM;
 
 use super::bundle::Bundle;
 use super::error::PolicyError;
@@ -104,10 +111,17 @@ pub struct TestOutcome {
     pub error: Option<String>,
 }
 
+/// Upper bound on RVM instructions per decision: a runaway policy fails closed instead of
+/// stalling a reconcile (regorus' default of 25 000 is too low for large pod templates).
+const MAX_INSTRUCTIONS: usize = 5_000_000;
+
 /// A compiled, immutable bundle. Share it as `Arc<PolicyEngine>`; `evaluate` takes `&self`.
 #[derive(Debug)]
 pub struct PolicyEngine {
     engine: regorus::Engine,
+    data: regorus::Value,
+    programs: BTreeMap<DecisionPoint, Arc<Program>>,
+    rvm_fallbacks: BTreeMap<DecisionPoint, String>,
     digest: String,
     enforcement: BTreeMap<DecisionPoint, BTreeMap<String, Mode>>,
     has_warn: BTreeSet<DecisionPoint>,
@@ -157,8 +171,12 @@ impl PolicyEngine {
         }
         let enforcement = read_enforcement(&engine)?;
 
+        let data = engine.get_data();
         let mut this = Self {
             engine,
+            data,
+            programs: BTreeMap::new(),
+            rvm_fallbacks: BTreeMap::new(),
             digest: bundle.digest().to_string(),
             enforcement,
             has_warn,
@@ -175,7 +193,37 @@ impl PolicyEngine {
                 .eval_rule(path.clone())
                 .map_err(|e| PolicyError::CompileBundle(format!("{path}: {e}")))?;
         }
+        for point in this.points.clone() {
+            match this.compile_rvm(point) {
+                Ok(program) => {
+                    this.programs.insert(point, program);
+                }
+                Err(why) => {
+                    this.rvm_fallbacks.insert(point, why);
+                }
+            }
+        }
         Ok(this)
+    }
+
+    /// Compiles the `deny` (and `warn`) rules of `point` to one RVM program.
+    fn compile_rvm(&self, point: DecisionPoint) -> Result<Arc<Program>, String> {
+        let deny = format!("{}.deny", point.package());
+        let warn = format!("{}.warn", point.package());
+        let mut engine = self.engine.clone();
+        let entry: regorus::Rc<str> = deny.as_str().into();
+        let compiled = engine.compile_with_entrypoint(&entry).map_err(|e| e.to_string())?;
+        let mut entries = vec![deny.as_str()];
+        if self.has_warn.contains(&point) {
+            entries.push(warn.as_str());
+        }
+        Compiler::compile_from_policy(&compiled, &entries).map_err(|e| e.to_string())
+    }
+
+    /// Decision points evaluated by the interpreter because the RVM compiler refused them, with
+    /// its reason (empty for the shipped policies; surfaced for diagnostics).
+    pub fn rvm_fallbacks(&self) -> &BTreeMap<DecisionPoint, String> {
+        &self.rvm_fallbacks
     }
 
     /// Compiles `bundle` and runs its `test_*` rules; rejects the bundle whole if any fails.
@@ -221,29 +269,71 @@ impl PolicyEngine {
             out.error = Some(format!("bundle has no package {}", point.package()));
             return out;
         }
-        let mut engine = self.engine.clone();
-        engine.set_input(regorus::Value::from(input.clone()));
+        let input = regorus::Value::from(input.clone());
         let deny_path = format!("{}.deny", point.package());
-        match engine.eval_rule(deny_path.clone()) {
-            Ok(v) => match messages(&v) {
-                Some(m) => out.deny = m,
-                None => out.error = Some(format!("{deny_path} is not a set of strings: {v}")),
-            },
-            Err(e) => out.error = Some(format!("{deny_path}: {e}")),
-        }
-        if out.error.is_none() && self.has_warn.contains(&point) {
-            let warn_path = format!("{}.warn", point.package());
-            match engine.eval_rule(warn_path.clone()) {
-                Ok(regorus::Value::Undefined) => {}
-                Ok(v) => match messages(&v) {
-                    Some(m) => out.warn = m,
-                    None => out.error = Some(format!("{warn_path} is not a set of strings: {v}")),
-                },
-                Err(e) => out.error = Some(format!("{warn_path}: {e}")),
+        let warn_path = format!("{}.warn", point.package());
+        let with_warn = self.has_warn.contains(&point);
+        let results = match self.programs.get(&point) {
+            Some(program) => self.run_rvm(program, input, &deny_path, with_warn.then_some(warn_path.as_str())),
+            None => self.run_interpreter(input, &deny_path, with_warn.then_some(warn_path.as_str())),
+        };
+        match results {
+            Err(e) => out.error = Some(e),
+            Ok((deny, warn)) => {
+                match messages(&deny) {
+                    Some(m) => out.deny = m,
+                    None => out.error = Some(format!("{deny_path} is not a set of strings: {deny}")),
+                }
+                match warn {
+                    None | Some(regorus::Value::Undefined) => {}
+                    Some(w) => match messages(&w) {
+                        Some(m) => out.warn = m,
+                        None if out.error.is_none() => {
+                            out.error = Some(format!("{warn_path} is not a set of strings: {w}"));
+                        }
+                        None => {}
+                    },
+                }
             }
         }
         out.eval_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         out
+    }
+
+    fn run_rvm(
+        &self,
+        program: &Arc<Program>,
+        input: regorus::Value,
+        deny: &str,
+        warn: Option<&str>,
+    ) -> Result<(regorus::Value, Option<regorus::Value>), String> {
+        let mut vm = RegoVM::new();
+        vm.set_max_instructions(MAX_INSTRUCTIONS);
+        vm.load_program(program.clone());
+        vm.set_data(self.data.clone()).map_err(|e| format!("loading data: {e}"))?;
+        vm.set_input(input);
+        let d = vm.execute_entry_point_by_name(deny).map_err(|e| format!("{deny}: {e}"))?;
+        let w = match warn {
+            Some(w) => Some(vm.execute_entry_point_by_name(w).map_err(|e| format!("{w}: {e}"))?),
+            None => None,
+        };
+        Ok((d, w))
+    }
+
+    fn run_interpreter(
+        &self,
+        input: regorus::Value,
+        deny: &str,
+        warn: Option<&str>,
+    ) -> Result<(regorus::Value, Option<regorus::Value>), String> {
+        let mut engine = self.engine.clone();
+        engine.set_input(input);
+        let d = engine.eval_rule(deny.to_string()).map_err(|e| format!("{deny}: {e}"))?;
+        let w = match warn {
+            Some(w) => Some(engine.eval_rule(w.to_string()).map_err(|e| format!("{w}: {e}"))?),
+            None => None,
+        };
+        Ok((d, w))
     }
 
     /// Evaluates an arbitrary query (a rule, a package, or `data`) for `input`, as
