@@ -1,0 +1,624 @@
+//! Shared support of the end-to-end tests: the CRDs installed once, the operator binary run as
+//! a child process against the local cluster (its log printed when a test fails), the three
+//! kinds' manifests, and bounded polling helpers. Every test gets its own namespace and its own
+//! operator (`--namespace`, Lease in that namespace), so tests run in parallel.
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use futures::StreamExt as _;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::ListParams;
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use serde_json::Value;
+use stateward_testkit::TestEnv;
+
+/// Poll interval of every wait.
+pub const POLL: Duration = Duration::from_millis(300);
+/// Label the plugins put on every child.
+pub const INSTANCE_LABEL: &str = "stateward.dev/instance";
+pub const FINALIZER: &str = "stateward.dev/cleanup";
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// One of the three plugin-served kinds, with what a test needs to drive it.
+#[derive(Debug, Clone, Copy)]
+pub struct Kind {
+    pub kind: &'static str,
+    pub plural: &'static str,
+    pub version: &'static str,
+    /// A newer patch version the plugin accepts (an upgrade).
+    pub next_version: &'static str,
+    pub storage: &'static str,
+}
+
+pub const POSTGRES: Kind = Kind { kind: "PostgresCluster", plural: "postgresclusters", version: "17.2", next_version: "17.3", storage: "1Gi" };
+pub const REDIS: Kind = Kind { kind: "RedisCluster", plural: "redisclusters", version: "7.4.1", next_version: "7.4.2", storage: "512Mi" };
+pub const ELASTICSEARCH: Kind = Kind { kind: "ElasticsearchCluster", plural: "elasticsearchclusters", version: "8.15.3", next_version: "8.15.4", storage: "1Gi" };
+pub const KINDS: [Kind; 3] = [POSTGRES, REDIS, ELASTICSEARCH];
+
+impl Kind {
+    pub fn api_resource(&self) -> ApiResource {
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("stateward.dev", "v1", self.kind), self.plural)
+    }
+
+    pub fn api(&self, env: &TestEnv) -> Api<DynamicObject> {
+        self.api_in(env, &env.namespace)
+    }
+
+    pub fn api_in(&self, env: &TestEnv, namespace: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(env.client.clone(), namespace, &self.api_resource())
+    }
+
+    /// A small manifest of this kind (no deletionProtection, so tests can delete it).
+    pub fn manifest(&self, name: &str, replicas: u32, retention: &str) -> Value {
+        serde_json::json!({
+            "apiVersion": "stateward.dev/v1",
+            "kind": self.kind,
+            "metadata": { "name": name },
+            "spec": {
+                "version": self.version,
+                "replicas": replicas,
+                "storage": { "size": self.storage },
+                "retentionPolicy": retention,
+                "resources": {
+                    "requests": { "cpu": "50m", "memory": "64Mi" },
+                    "limits": { "cpu": "250m", "memory": "128Mi" },
+                },
+            }
+        })
+    }
+}
+
+/// Fails with a clear message when the plugins were not built.
+pub fn plugin_dir() -> PathBuf {
+    let dir = target_dir().join("plugins");
+    for p in ["postgres", "redis", "elasticsearch"] {
+        let f = dir.join(format!("{p}.wasm"));
+        assert!(
+            f.is_file(),
+            "{} is missing: build the plugins first with scripts/build-plugins (scripts/test does)",
+            f.display()
+        );
+    }
+    dir
+}
+
+fn wasm_cache() -> PathBuf {
+    target_dir().join("e2e-wasm-cache")
+}
+
+static PREPARED: OnceLock<Mutex<bool>> = OnceLock::new();
+
+/// Applies deploy/crds (server-side, idempotent), waits until they are Established, and fills
+/// the precompiled-plugin cache once, so each operator start is quick. Once per process.
+pub fn prepare(env: &TestEnv) {
+    let lock = PREPARED.get_or_init(|| Mutex::new(false));
+    let mut done = lock.lock().unwrap_or_else(|p| p.into_inner());
+    if *done {
+        return;
+    }
+    let plugins = plugin_dir();
+    let crds = workspace_root().join("deploy").join("crds");
+    let out = env
+        .kubectl()
+        .args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-e2e", "-f"])
+        .arg(&crds)
+        .output()
+        .expect("run kubectl");
+    assert!(out.status.success(), "applying {}: {}", crds.display(), String::from_utf8_lossy(&out.stderr));
+    let crd_names: Vec<String> = KINDS.iter().map(|k| format!("crd/{}.stateward.dev", k.plural)).collect();
+    let out = env
+        .kubectl()
+        .args(["wait", "--for=condition=Established", "--timeout=60s"])
+        .args(&crd_names)
+        .output()
+        .expect("run kubectl");
+    assert!(out.status.success(), "CRDs not established: {}", String::from_utf8_lossy(&out.stderr));
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_stateward"))
+        .arg("crds")
+        .arg("--plugin-dir")
+        .arg(&plugins)
+        .arg("--wasm-cache")
+        .arg(wasm_cache())
+        .output()
+        .expect("run stateward crds");
+    assert!(out.status.success(), "loading the plugins: {}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("e2e: CRDs installed, plugin cache warm in {:.1?}", started.elapsed());
+    *done = true;
+}
+
+/// A free loopback port (bound then released; the operator binds it right after).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// How to start one operator process.
+#[derive(Debug, Clone, Default)]
+pub struct OperatorOpts {
+    /// Namespace to watch (`--namespace`); the Lease lives in `lease_namespace`.
+    pub namespace: String,
+    pub lease_namespace: String,
+    /// Kubeconfig to use instead of the admin one (e.g. a namespaced service account).
+    pub kubeconfig: Option<PathBuf>,
+    /// `--identity`; the default one is hostname-pid.
+    pub identity: Option<String>,
+}
+
+/// The operator binary as a child process. Killed (SIGKILL) on drop; its log is printed when
+/// the test is failing.
+pub struct Operator {
+    child: Option<Child>,
+    pub name: String,
+    pub port: u16,
+    pub log: PathBuf,
+    pub audit: PathBuf,
+    _dir: Arc<tempdir::Dir>,
+}
+
+/// A scratch directory removed on drop unless the test fails.
+pub mod tempdir {
+    use std::path::PathBuf;
+
+    pub struct Dir(pub PathBuf);
+
+    impl Dir {
+        pub fn new(prefix: &str) -> Dir {
+            let dir = std::env::temp_dir().join(stateward_testkit::unique_name(prefix));
+            std::fs::create_dir_all(&dir).expect("create scratch dir");
+            Dir(dir)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            if !std::thread::panicking() {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+}
+
+impl Operator {
+    /// Starts `stateward run` for the test namespace with the admin kubeconfig.
+    pub fn start(env: &TestEnv, name: &str) -> Operator {
+        Operator::start_with(
+            env,
+            name,
+            OperatorOpts { namespace: env.namespace.clone(), lease_namespace: env.namespace.clone(), ..Default::default() },
+        )
+    }
+
+    pub fn start_with(env: &TestEnv, name: &str, opts: OperatorOpts) -> Operator {
+        prepare(env);
+        let dir = Arc::new(tempdir::Dir::new(&format!("e2e-{name}")));
+        let log = dir.0.join("operator.log");
+        let audit = dir.0.join("audit.jsonl");
+        let port = free_port();
+        let file = std::fs::File::create(&log).expect("log file");
+        let err = file.try_clone().expect("log file");
+        let kubeconfig = opts.kubeconfig.clone().unwrap_or_else(|| env.kubeconfig().to_path_buf());
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stateward"));
+        cmd.env("KUBECONFIG", &kubeconfig)
+            .env_remove("STATEWARD_NAMESPACE")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("POD_NAME")
+            .args(["run", "--namespace", &opts.namespace, "--lease-namespace", &opts.lease_namespace])
+            .args(["--http-addr", &format!("127.0.0.1:{port}"), "--lease-seconds", "6"])
+            .arg("--audit-log")
+            .arg(&audit)
+            .arg("--plugin-dir")
+            .arg(plugin_dir())
+            .arg("--wasm-cache")
+            .arg(wasm_cache())
+            .arg("--policy-dir")
+            .arg(workspace_root().join("policies"))
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err);
+        if let Some(id) = &opts.identity {
+            cmd.args(["--identity", id]);
+        }
+        let child = cmd.spawn().expect("spawn stateward run");
+        eprintln!("e2e: started operator {name} (pid {}, http {port}, log {})", child.id(), log.display());
+        Operator { child: Some(child), name: name.to_string(), port, log, audit, _dir: dir }
+    }
+
+    /// SIGKILL, no chance to clean up (no Lease release).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+            eprintln!("e2e: operator {} killed with SIGKILL", self.name);
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Exits early only on a crash; returns its status then.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// One HTTP GET on the operator's endpoint: (status code, body).
+    pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        http_get(self.port, path)
+    }
+
+    /// `/debug/healthz` `leader` field; None when the endpoint does not answer.
+    pub fn is_leader(&self) -> Option<bool> {
+        let (code, body) = self.get("/debug/healthz").ok()?;
+        if code != 200 {
+            return None;
+        }
+        serde_json::from_str::<Value>(&body).ok()?.get("leader")?.as_bool()
+    }
+
+    /// Sum of `stateward_api_writes_total` over all labels (0 when absent).
+    pub fn api_writes(&self) -> anyhow::Result<f64> {
+        let (code, body) = self.get("/metrics")?;
+        if code != 200 {
+            bail!("/metrics answered {code}");
+        }
+        Ok(sum_metric(&body, "stateward_api_writes_total", &[]))
+    }
+
+    /// Waits until the operator answers /readyz 200 (leader, caches synced, controllers up).
+    pub async fn wait_ready(&mut self, timeout: Duration) {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.exited() {
+                panic!("operator {} exited early with {status}:\n{}", self.name, self.log_tail(80));
+            }
+            if matches!(self.get("/readyz"), Ok((200, _))) {
+                eprintln!("e2e: operator {} ready after {:.1?}", self.name, started.elapsed());
+                return;
+            }
+            assert!(started.elapsed() < timeout, "operator {} not ready within {timeout:?}:\n{}", self.name, self.log_tail(80));
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Waits until /debug/healthz answers at all (a follower is never ready).
+    pub async fn wait_serving(&mut self, timeout: Duration) {
+        let started = Instant::now();
+        while self.is_leader().is_none() {
+            if let Some(status) = self.exited() {
+                panic!("operator {} exited early with {status}:\n{}", self.name, self.log_tail(80));
+            }
+            assert!(started.elapsed() < timeout, "operator {} not serving within {timeout:?}", self.name);
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("---- operator {} log (last 150 lines; file {}) ----\n{}\n---- end ----", self.name, self.log.display(), self.log_tail(150));
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A minimal HTTP/1.0 GET on loopback (the test needs no HTTP client for three endpoints).
+pub fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf.as_str(), ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no status line")?;
+    Ok((code, body.to_string()))
+}
+
+/// Sums every sample of `name` whose labels contain all of `labels` (`key="value"` strings).
+pub fn sum_metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' ')))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Runs kubectl with `input` on stdin.
+pub fn kubectl_stdin(env: &TestEnv, args: &[&str], input: &str) -> Output {
+    let mut child = env
+        .kubectl()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn kubectl");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).expect("write kubectl stdin");
+    }
+    child.wait_with_output().expect("kubectl output")
+}
+
+/// `kubectl apply -f -` of one object into `namespace`; panics with kubectl's message on failure.
+pub fn apply(env: &TestEnv, namespace: &str, object: &Value) {
+    let out = kubectl_stdin(env, &["apply", "-n", namespace, "-f", "-"], &object.to_string());
+    assert!(out.status.success(), "kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `kubectl patch --type merge`; returns the output (the caller checks it).
+pub fn patch(env: &TestEnv, namespace: &str, target: &str, patch: &Value) -> Output {
+    env.kubectl()
+        .args(["patch", "-n", namespace, target, "--type", "merge", "-p", &patch.to_string()])
+        .output()
+        .expect("run kubectl")
+}
+
+pub fn patch_ok(env: &TestEnv, namespace: &str, target: &str, p: &Value) {
+    let out = patch(env, namespace, target, p);
+    assert!(out.status.success(), "kubectl patch {target} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Polls `check` every [`POLL`] until it yields `Some`, failing after `timeout` with `what`
+/// and the last observation.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> (T, Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let started = Instant::now();
+    loop {
+        match check().await {
+            Ok(v) => return (v, started.elapsed()),
+            Err(last) => {
+                if started.elapsed() > timeout {
+                    panic!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+                }
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The CR as JSON, or None when it is gone.
+pub async fn get_cr(api: &Api<DynamicObject>, name: &str) -> Option<Value> {
+    let obj = api.get_opt(name).await.ok()??;
+    serde_json::to_value(obj).ok()
+}
+
+pub fn condition<'a>(cr: &'a Value, type_: &str) -> Option<&'a str> {
+    cr.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)?
+        .get("status")?
+        .as_str()
+}
+
+pub fn phase(cr: &Value) -> &str {
+    cr.pointer("/status/phase").and_then(Value::as_str).unwrap_or("")
+}
+
+/// A short description of the CR's state for failure messages.
+pub fn summary(cr: &Value) -> String {
+    format!(
+        "phase={} ready={} gen={} observed={} conditions={}",
+        phase(cr),
+        cr.pointer("/status/readyReplicas").unwrap_or(&Value::Null),
+        cr.pointer("/metadata/generation").unwrap_or(&Value::Null),
+        cr.pointer("/status/observedGeneration").unwrap_or(&Value::Null),
+        cr.pointer("/status/conditions").unwrap_or(&Value::Null),
+    )
+}
+
+/// Waits for phase Running, Available=True, readyReplicas == `replicas` == the StatefulSet's
+/// ready count, and observedGeneration == generation.
+pub async fn wait_running(env: &TestEnv, kind: Kind, name: &str, replicas: i64, timeout: Duration) -> Duration {
+    let api = kind.api(env);
+    let sts: Api<StatefulSet> = env.api();
+    let (_, took) = wait_for(&format!("{} {name} Running with {replicas} ready", kind.kind), timeout, || {
+        let (api, sts) = (api.clone(), sts.clone());
+        async move {
+            let cr = get_cr(&api, name).await.ok_or("CR not found")?;
+            let ok = phase(&cr) == "Running"
+                && condition(&cr, "Available") == Some("True")
+                && cr.pointer("/status/readyReplicas").and_then(Value::as_i64) == Some(replicas)
+                && cr.pointer("/status/observedGeneration") == cr.pointer("/metadata/generation");
+            if !ok {
+                return Err(summary(&cr));
+            }
+            let s = sts.get_opt(name).await.map_err(|e| e.to_string())?.ok_or("no StatefulSet")?;
+            let st = s.status.unwrap_or_default();
+            if st.ready_replicas.unwrap_or(0) as i64 != replicas || st.replicas as i64 != replicas {
+                return Err(format!("CR Running but StatefulSet status {st:?}"));
+            }
+            Ok(())
+        }
+    })
+    .await;
+    took
+}
+
+/// Records every distinct phase the CR passes through, from a watch (no polling gaps).
+pub struct PhaseRecorder {
+    seen: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PhaseRecorder {
+    pub fn start(api: Api<DynamicObject>, name: &str) -> PhaseRecorder {
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let rec = Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            let mut stream = watcher::watcher(api, cfg).boxed();
+            while let Some(ev) = stream.next().await {
+                let objs: Vec<DynamicObject> = match ev {
+                    Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => vec![o],
+                    _ => continue,
+                };
+                for o in objs {
+                    let p = o.data.pointer("/status/phase").and_then(Value::as_str).unwrap_or("").to_string();
+                    let mut s = rec.lock().unwrap_or_else(|e| e.into_inner());
+                    if s.last() != Some(&p) {
+                        s.push(p);
+                    }
+                }
+            }
+        });
+        PhaseRecorder { seen, task }
+    }
+
+    /// Phases seen so far, in order, consecutive duplicates collapsed.
+    pub fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn clear(&self) {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+impl Drop for PhaseRecorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Names of the children of `instance` of one kind, via kubectl (any kind).
+pub fn child_names(env: &TestEnv, namespace: &str, resource: &str, instance: &str) -> BTreeSet<String> {
+    let out = env
+        .kubectl()
+        .args(["get", resource, "-n", namespace, "-l", &format!("{INSTANCE_LABEL}={instance}"), "-o", "name"])
+        .output()
+        .expect("run kubectl");
+    assert!(out.status.success(), "kubectl get {resource}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}
+
+/// PVC name → uid of the instance's claims.
+pub async fn pvc_uids(env: &TestEnv, instance: &str) -> std::collections::BTreeMap<String, String> {
+    let pvcs: Api<PersistentVolumeClaim> = env.api();
+    let list = pvcs
+        .list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={instance}")))
+        .await
+        .expect("list PVCs");
+    list.into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+        .collect()
+}
+
+/// Every PVC of the instance is Bound.
+pub async fn pvcs_bound(env: &TestEnv, instance: &str) -> Result<usize, String> {
+    let pvcs: Api<PersistentVolumeClaim> = env.api();
+    let list = pvcs
+        .list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={instance}")))
+        .await
+        .map_err(|e| e.to_string())?;
+    let unbound: Vec<String> = list
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound"))
+        .map(|p| p.name_any())
+        .collect();
+    if unbound.is_empty() {
+        Ok(list.items.len())
+    } else {
+        Err(format!("unbound claims {unbound:?}"))
+    }
+}
+
+/// Makes a kubeconfig for a new service account of the test namespace that may do only what a
+/// namespaced Role allows, so the operator's own requests can be told apart from the test's
+/// (admin, exempt from API priority and fairness) in the API server's metrics.
+pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str) -> PathBuf {
+    let ns = &env.namespace;
+    let role = serde_json::json!({
+        "apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": sa, "namespace": ns},
+             "rules": [
+                {"apiGroups": ["stateward.dev"], "resources": ["postgresclusters", "redisclusters", "elasticsearchclusters"],
+                 "verbs": ["get", "list", "watch", "patch", "update"]},
+                {"apiGroups": ["stateward.dev"], "resources": ["postgresclusters/status", "redisclusters/status", "elasticsearchclusters/status",
+                    "postgresclusters/finalizers", "redisclusters/finalizers", "elasticsearchclusters/finalizers"],
+                 "verbs": ["get", "patch", "update"]},
+                {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+                {"apiGroups": [""], "resources": ["services", "configmaps", "secrets", "persistentvolumeclaims"],
+                 "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+                {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["get", "list", "create", "patch", "update"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
+             ]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": sa, "namespace": ns},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]},
+        ]
+    });
+    apply(env, ns, &role);
+    let token = env.kubectl().args(["create", "token", sa, "-n", ns, "--duration", "2h"]).output().expect("kubectl");
+    assert!(token.status.success(), "create token: {}", String::from_utf8_lossy(&token.stderr));
+    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+    let view = |path: &str| {
+        let out = env
+            .kubectl()
+            .args(["config", "view", "--raw", "--minify", "-o", &format!("jsonpath={path}")])
+            .output()
+            .expect("kubectl");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let server = view("{.clusters[0].cluster.server}");
+    let ca = view("{.clusters[0].cluster.certificate-authority-data}");
+    let ca_line = if ca.is_empty() {
+        format!("certificate-authority: {}", view("{.clusters[0].cluster.certificate-authority}"))
+    } else {
+        format!("certificate-authority-data: {ca}")
+    };
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    {ca_line}\nusers:\n- name: {sa}\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: {sa}\n    namespace: {ns}\ncurrent-context: c\n"
+    );
+    let path = dir.join(format!("{sa}.kubeconfig"));
+    std::fs::write(&path, text).expect("write kubeconfig");
+    path
+}
+
+/// The API server's /metrics text (admin).
+pub fn apiserver_metrics(env: &TestEnv) -> String {
+    let out = env.kubectl().args(["get", "--raw", "/metrics"]).output().expect("kubectl");
+    assert!(out.status.success(), "GET /metrics: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
