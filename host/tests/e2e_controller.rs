@@ -43,6 +43,10 @@ async fn lifecycle(kind: Kind) {
     apply(&env, &env.namespace, &kind.manifest(name, 3, "Delete"));
     let took = wait_running(&env, kind, name, 3, CONVERGE).await;
     eprintln!("e2e[{}]: create → Running 3/3 in {took:.1?}; phases {:?}", kind.kind, rec.seen());
+    // Phases that do not describe what happened are collected and asserted at the end, so
+    // the rest of the lifecycle is still checked.
+    let mut wrong_phases = Vec::new();
+    check_phases(&mut wrong_phases, "create", &rec.seen(), &["", "Pending", "Running"]);
     let cr = get_cr(&api, name).await.expect("CR");
     assert!(cr["metadata"]["finalizers"].as_array().is_some_and(|f| f.iter().any(|x| x == FINALIZER)), "no finalizer: {cr}");
     assert_eq!(condition(&cr, "Progressing"), Some("False"), "{}", summary(&cr));
@@ -84,6 +88,7 @@ async fn lifecycle(kind: Kind) {
     let seen = rec.seen();
     eprintln!("e2e[{}]: scale 3→5 Running in {took:.1?}; phases {seen:?}", kind.kind);
     assert!(seen.iter().any(|p| p == "Scaling"), "phase Scaling never observed while scaling up: {seen:?}");
+    check_phases(&mut wrong_phases, "scale up", &seen, &["Running", "Scaling"]);
     let (bound, _) = wait_for("5 PVCs Bound", Duration::from_secs(30), || pvcs_bound(&env, name)).await;
     assert_eq!(bound, 5);
 
@@ -94,6 +99,7 @@ async fn lifecycle(kind: Kind) {
     let seen = rec.seen();
     eprintln!("e2e[{}]: scale 5→3 Running in {took:.1?}; phases {seen:?}", kind.kind);
     assert!(seen.iter().any(|p| p == "Scaling"), "phase Scaling never observed while scaling down: {seen:?}");
+    check_phases(&mut wrong_phases, "scale down", &seen, &["Running", "Scaling"]);
     // whenScaled: Retain — no claim is lost by scaling down.
     assert_eq!(pvc_uids(&env, name).await.len(), 5, "claims after scaling down");
 
@@ -169,8 +175,18 @@ async fn lifecycle(kind: Kind) {
     );
     assert!(seen.iter().any(|p| p == "Upgrading"), "phase Upgrading never observed: {seen:?}");
     assert!(min_ready >= 2, "more than one member unavailable at once during the rollout (min ready {min_ready})");
+    check_phases(&mut wrong_phases, "upgrade", &seen, &["Running", "Upgrading"]);
     assert_eq!(child_names(&env, &env.namespace, "statefulsets", name).len(), 1);
     assert!(op.exited().is_none(), "operator died");
+    assert!(wrong_phases.is_empty(), "{}: status.phase went through phases that misdescribe the operation:\n{}", kind.kind, wrong_phases.join("\n"));
+}
+
+/// Records a problem when `seen` holds a phase outside `allowed` for that step.
+fn check_phases(problems: &mut Vec<String>, step: &str, seen: &[String], allowed: &[&str]) {
+    let bad: Vec<&String> = seen.iter().filter(|p| !allowed.contains(&p.as_str())).collect();
+    if !bad.is_empty() {
+        problems.push(format!("  {step}: saw {bad:?} in {seen:?}; expected only {allowed:?}"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -532,6 +548,7 @@ async fn children_deleted_while_down_are_restored_after_restart() {
         assert!(out.status.success(), "delete {target}: {}", String::from_utf8_lossy(&out.stderr));
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
+    let claims_while_down = pvc_uids(&env, name).await;
     assert!(child_names(&env, &env.namespace, "statefulsets", name).is_empty(), "StatefulSet came back with no operator running");
     assert!(!child_names(&env, &env.namespace, "services", name).contains(&victim), "{victim} came back with no operator running");
     let restarted = Instant::now();
@@ -541,6 +558,11 @@ async fn children_deleted_while_down_are_restored_after_restart() {
     eprintln!("e2e[down]: StatefulSet and {victim} restored, Running 2/2, {took:.1?} after the restart");
     assert!(took <= Duration::from_secs(30));
     assert_eq!(child_names(&env, &env.namespace, "services", name), services);
+    // Deleting a StatefulSet by hand is not deleting the cluster: the data must stay.
+    assert_eq!(
+        claims_while_down, claims,
+        "the claims went away with the StatefulSet (its persistentVolumeClaimRetentionPolicy.whenDeleted follows the CR's retentionPolicy: Delete)"
+    );
     assert_eq!(pvc_uids(&env, name).await, claims, "claims must survive the StatefulSet's deletion");
 }
 
