@@ -126,10 +126,7 @@ deny contains msg if {
 	msg := sprintf("resource-limits: container %s has no %s limit", [cname(c), r])
 }
 
-allowed_image(img) if {
-	some prefix in cfg.allowed_registries
-	startswith(full_image(img), prefix)
-}
+allowed_image(img) if strings.any_prefix_match(full_image(img), cfg.allowed_registries)
 
 # A reference without a registry host ("postgres:17", "bitnami/redis") is on Docker Hub, the
 # way container runtimes resolve it; official images live under library/.
@@ -156,7 +153,7 @@ deny contains msg if {
 	mutating
 	some c in all_containers
 	img := object.get(c, "image", "")
-	not strings.any_prefix_match(img, cfg.allowed_registries)
+	not allowed_image(img)
 	msg := sprintf("image-registry: container %s image %s is not from an allowed registry", [cname(c), img])
 }
 

@@ -5,6 +5,7 @@
 pub mod controller;
 pub mod crd;
 pub mod leader;
+pub mod plan_gate;
 pub mod policy;
 pub mod render;
 pub mod runtime;

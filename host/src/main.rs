@@ -131,6 +131,12 @@ struct RenderArgs {
     /// Milliseconds since the epoch handed to the plugin as `now` (default: the clock).
     #[arg(long)]
     now_ms: Option<u64>,
+    /// Policy bundle whose guardrails judge the plan.
+    #[arg(long, env = "STATEWARD_POLICY_DIR", default_value = "policies")]
+    policy_dir: PathBuf,
+    /// Skip the guardrails verdict.
+    #[arg(long)]
+    no_policy: bool,
     #[command(flatten)]
     sandbox: SandboxArgs,
 }
@@ -219,19 +225,15 @@ fn exit(ok: bool) -> ExitCode {
 }
 
 fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
-    use stateward::policy::{AuditLog, AuditSink, Bundle, FsyncPolicy, Gate, PolicyEngine};
+    use stateward::policy::AuditSink;
     let sandbox = args.sandbox.sandbox()?;
     let registry = Registry::load_dir(&sandbox, &args.sandbox.plugin_dir)
         .with_context(|| format!("loading plugins from {}", args.sandbox.plugin_dir.display()))?;
-    let bundle = Bundle::from_dir(&args.policy_dir)
-        .with_context(|| format!("reading policies from {}", args.policy_dir.display()))?;
-    let engine = PolicyEngine::compile_tested(&bundle).context("compiling the policy bundle")?;
     let sink = match &args.audit_log {
         Some(path) => AuditSink::File(path.clone()),
         None => AuditSink::Stdout,
     };
-    let audit = AuditLog::open(&sink, FsyncPolicy::PerRecord).context("opening the audit log")?;
-    let gate = Arc::new(Gate::new(Arc::new(engine), Arc::new(audit)));
+    let gate = Arc::new(policy_gate(&args.policy_dir, &sink)?);
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
@@ -278,13 +280,34 @@ fn render(args: RenderArgs) -> anyhow::Result<ExitCode> {
             .map_or(0, |d| d.as_millis() as u64)
     });
     let registry = args.sandbox.registry()?;
-    let rendered = render::render(&registry, resources.remove(0), &children, now_ms)?;
+    let resource = resources.remove(0);
+    let rendered = if args.no_policy {
+        render::render(&registry, resource, &children, now_ms)?
+    } else {
+        // Offline decisions are not part of the operator's audit trail.
+        let gate = policy_gate(&args.policy_dir, &stateward::policy::AuditSink::File("/dev/null".into()))?;
+        render::render_checked(&registry, &gate, resource, &children, now_ms)?
+    };
+    let denied = rendered.policy.as_ref().is_some_and(|p| !p.allowed);
     let text = match args.output {
         Output::Yaml => render::to_yaml(&rendered)?,
         Output::Json => serde_json::to_string_pretty(&rendered)? + "\n",
     };
     std::io::stdout().write_all(text.as_bytes())?;
-    Ok(ExitCode::SUCCESS)
+    Ok(exit(!denied))
+}
+
+/// The policy bundle in `dir`, compiled with its tests run, deciding into `audit`.
+fn policy_gate(dir: &std::path::Path, audit: &stateward::policy::AuditSink) -> anyhow::Result<stateward::policy::Gate> {
+    use stateward::policy::{AuditLog, Bundle, FsyncPolicy, Gate, PolicyEngine};
+    let bundle = Bundle::from_dir(dir).with_context(|| format!("reading policies from {}", dir.display()))?;
+    let engine = PolicyEngine::compile_tested(&bundle).context("compiling the policy bundle")?;
+    let fsync = match audit {
+        stateward::policy::AuditSink::File(path) if path != std::path::Path::new("/dev/null") => FsyncPolicy::PerRecord,
+        _ => FsyncPolicy::OsBuffered,
+    };
+    let audit = AuditLog::open(audit, fsync).context("opening the audit log")?;
+    Ok(Gate::new(Arc::new(engine), Arc::new(audit)))
 }
 
 fn crds(args: &SandboxArgs, out_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {

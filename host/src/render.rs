@@ -21,6 +21,18 @@ pub struct Rendered {
     /// The resource at its storage version, as the plugin saw it.
     pub resource: Value,
     pub plan: Plan,
+    /// The guardrails' verdict on the plan, when a policy bundle was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyVerdict>,
+}
+
+/// What the guardrails would decide, so a held-back plan is visible before anything runs.
+#[derive(Debug, serde::Serialize)]
+pub struct PolicyVerdict {
+    pub allowed: bool,
+    /// (target, message) for each enforced deny.
+    pub denied: Vec<(String, String)>,
+    pub warned: Vec<(String, String)>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -52,6 +64,28 @@ pub fn parse_documents(text: &str, what: &str) -> Result<Vec<Value>, RenderError
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {
     v.pointer(pointer).and_then(Value::as_str)
+}
+
+/// Like [`render`], then asks the guardrails about every action of the plan.
+pub fn render_checked(
+    registry: &Registry,
+    gate: &crate::policy::Gate,
+    resource: Value,
+    children: &[Value],
+    now_ms: u64,
+) -> Result<Rendered, RenderError> {
+    let mut rendered = render(registry, resource, children, now_ms)?;
+    let api_version = str_at(&rendered.resource, "/apiVersion").unwrap_or_default();
+    let kind = str_at(&rendered.resource, "/kind").unwrap_or_default();
+    if let Some(plugin) = registry.for_object(api_version, kind) {
+        let verdict = crate::plan_gate::check(gate, plugin, &rendered.resource, &rendered.plan.actions);
+        rendered.policy = Some(PolicyVerdict {
+            allowed: verdict.allowed(),
+            denied: verdict.denials(),
+            warned: verdict.warnings(),
+        });
+    }
+    Ok(rendered)
 }
 
 /// Converts the resource to its storage version if needed, then asks its plugin for a plan.
@@ -107,6 +141,7 @@ pub fn render(
         },
         resource,
         plan,
+        policy: None,
     })
 }
 
@@ -141,6 +176,16 @@ pub fn to_yaml(rendered: &Rendered) -> Result<String, RenderError> {
         "# plugin: {} {} sha256:{}\n",
         rendered.plugin.name, rendered.plugin.version, rendered.plugin.digest
     ));
+    if let Some(policy) = &rendered.policy {
+        let verdict = if policy.allowed { "allowed" } else { "DENIED: nothing of this plan would be applied" };
+        out.push_str(&format!("# policy: {verdict}\n"));
+        for (target, message) in &policy.denied {
+            out.push_str(&format!("#   deny {target}: {message}\n"));
+        }
+        for (target, message) in &policy.warned {
+            out.push_str(&format!("#   warn {target}: {message}\n"));
+        }
+    }
     for note in notes {
         out.push_str(&format!("# {note}\n"));
     }

@@ -12,7 +12,6 @@ use tracing::Instrument;
 
 use super::status::{self, PluginStamp};
 use super::{Context, Error, FINALIZER};
-use crate::policy::{DecisionContext, KindRef, PlannedAction, PluginRef};
 use crate::runtime::{Action, EventType, Plugin};
 
 /// How long a converged resource waits before it is looked at again without any event.
@@ -103,22 +102,9 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
 
 /// Evaluates the guardrails for every action; any enforced deny stops the whole plan.
 async fn gate(obj: &DynamicObject, ctx: &Context, plugin: &Plugin, resource: &Value, actions: &[Action]) -> Result<(), Error> {
-    let planned: Vec<PlannedAction> = actions.iter().map(|a| planned(a, resource)).collect();
-    let plugin_ref = PluginRef {
-        name: plugin.name().to_string(),
-        version: plugin.version().to_string(),
-        digest: plugin.digest().to_string(),
-        owns: plugin
-            .info()
-            .owns
-            .iter()
-            .map(|c| KindRef { api_version: c.api_version.clone(), kind: c.kind.clone() })
-            .collect(),
-    };
     let span = tracing::info_span!("policy.eval", path = "data.stateward.guardrails", result = tracing::field::Empty);
-    let decision_ctx = DecisionContext { requested_by: format!("plugin/{}", plugin.name()), ..DecisionContext::default() };
     let started = Instant::now();
-    let verdict = span.in_scope(|| ctx.gate.check_plan(&decision_ctx, &plugin_ref, &crate::policy::gate::resource_input(resource), &planned));
+    let verdict = span.in_scope(|| crate::plan_gate::check(&ctx.gate, plugin, resource, actions));
     let result = if verdict.allowed() { "allow" } else { "deny" };
     span.record("result", result);
     ctx.metrics.policy_decision("guardrails", result, started.elapsed().as_secs_f64());
@@ -132,23 +118,6 @@ async fn gate(obj: &DynamicObject, ctx: &Context, plugin: &Plugin, resource: &Va
     let err = Error::PolicyDenied(messages.join("; "));
     degrade(obj, ctx, resource, &err).await;
     Err(err)
-}
-
-fn planned(action: &Action, resource: &Value) -> PlannedAction {
-    let ns = resource.pointer("/metadata/namespace").cloned().unwrap_or(Value::Null);
-    let object = match action {
-        Action::Apply { object } => object.clone(),
-        Action::Delete { target } => json!({
-            "apiVersion": target.api_version, "kind": target.kind,
-            "metadata": {"name": target.name, "namespace": ns},
-        }),
-        Action::EnsureSecret { secret } => json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": secret.name, "namespace": ns},
-            "keys": secret.keys.iter().map(|(k, _)| k).collect::<Vec<_>>(),
-        }),
-    };
-    PlannedAction { verb: action.verb().to_string(), object }
 }
 
 async fn execute(ctx: &Context, action: &Action, resource: &Value, namespace: &str, children: &[Value]) -> Result<(), Error> {

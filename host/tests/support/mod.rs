@@ -48,8 +48,13 @@ pub fn wasm(package: &str) -> PathBuf {
     out
 }
 
+/// Precompiled components shared by every test process, so a plugin compiles once per build.
+pub fn wasm_cache_dir() -> PathBuf {
+    wasm_target_dir().join("precompiled")
+}
+
 pub fn sandbox_with(limits: Limits) -> Arc<Sandbox> {
-    Sandbox::new(limits, AllocatorKind::Auto, None).expect("sandbox")
+    Sandbox::new(limits, AllocatorKind::Auto, Some(wasm_cache_dir())).expect("sandbox")
 }
 
 pub fn sandbox() -> Arc<Sandbox> {
