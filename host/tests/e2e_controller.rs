@@ -417,7 +417,7 @@ async fn converged_resource_reconciled_again_makes_zero_writes() {
     prepare(&env);
     let dir = tempdir::Dir::new("e2e-zero");
     let sa = "stateward-op";
-    let kubeconfig = namespaced_operator_kubeconfig(&env, &dir.0, sa);
+    let kubeconfig = namespaced_operator_kubeconfig(&env, &dir.0, sa, Rbac::Broad);
     let counter = WriteCounter::install(&env, sa);
     let mut op = Operator::start_with(
         &env,
@@ -576,7 +576,7 @@ async fn namespace_mode_ignores_other_namespaces() {
     let other = TestEnv::new("e2e-ns-other").await.expect("second namespace");
     prepare(&env);
     let dir = tempdir::Dir::new("e2e-ns");
-    let kubeconfig = namespaced_operator_kubeconfig(&env, &dir.0, "stateward-ns");
+    let kubeconfig = namespaced_operator_kubeconfig(&env, &dir.0, "stateward-ns", Rbac::Project);
     let mut op = Operator::start_with(
         &env,
         "ns",
@@ -591,8 +591,20 @@ async fn namespace_mode_ignores_other_namespaces() {
     apply(&env, &other.namespace, &kind.manifest("theirs", 1, "Delete"));
     op.wait_ready(START).await;
     apply(&env, &env.namespace, &kind.manifest("mine", 1, "Delete"));
-    let took = wait_running(&env, kind, "mine", 1, CONVERGE).await;
-    eprintln!("e2e[ns]: own CR Running in {took:.1?} with only a namespaced Role");
+    let forbidden = async {
+        loop {
+            let text = std::fs::read_to_string(&op.log).unwrap_or_default();
+            if let Some(line) = text.lines().find(|l| l.contains("forbidden")) {
+                return line.to_string();
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    };
+    let took = tokio::select! {
+        took = wait_running(&env, kind, "mine", 1, CONVERGE) => took,
+        line = forbidden => panic!("the Roles of deploy/rbac are not enough for --namespace mode:\n{line}"),
+    };
+    eprintln!("e2e[ns]: own CR Running in {took:.1?} with only the Roles of deploy/rbac/namespaced and operator-namespace");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let theirs = get_cr(&kind.api_in(&env, &other.namespace), "theirs").await.expect("the other CR");
     assert!(theirs["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty), "finalizer added: {theirs}");

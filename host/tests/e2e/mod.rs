@@ -562,34 +562,54 @@ pub async fn pvcs_bound(env: &TestEnv, instance: &str) -> Result<usize, String> 
     }
 }
 
-/// Makes a kubeconfig for a new service account of the test namespace that may do only what a
-/// namespaced Role allows, so the operator's own requests can be told apart from the test's
-/// (admin, exempt from API priority and fairness) in the API server's metrics.
-pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str) -> PathBuf {
+/// Which permissions the operator's service account gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rbac {
+    /// The project's least-privilege Roles: deploy/rbac/namespaced/ for the watched namespace
+    /// and deploy/rbac/operator-namespace/ for the Lease (both put in the test namespace).
+    Project,
+    /// A broad namespaced Role of the test's own, for tests about something else than RBAC.
+    Broad,
+}
+
+/// Makes a kubeconfig for a new service account of the test namespace with only namespaced
+/// permissions. Its requests can also be told apart from the test's (admin, exempt from API
+/// priority and fairness) in the API server's metrics.
+pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str, rbac: Rbac) -> PathBuf {
     let ns = &env.namespace;
-    let role = serde_json::json!({
-        "apiVersion": "v1", "kind": "List", "items": [
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": sa, "namespace": ns},
-             "rules": [
-                {"apiGroups": ["stateward.dev"], "resources": ["postgresclusters", "redisclusters", "elasticsearchclusters"],
-                 "verbs": ["get", "list", "watch", "patch", "update"]},
-                {"apiGroups": ["stateward.dev"], "resources": ["postgresclusters/status", "redisclusters/status", "elasticsearchclusters/status",
-                    "postgresclusters/finalizers", "redisclusters/finalizers", "elasticsearchclusters/finalizers"],
-                 "verbs": ["get", "patch", "update"]},
-                {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-                {"apiGroups": [""], "resources": ["services", "configmaps", "secrets", "persistentvolumeclaims"],
-                 "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-                {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-                {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["get", "list", "create", "patch", "update"]},
-                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
-             ]},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": sa, "namespace": ns},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
-             "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]},
-        ]
-    });
-    apply(env, ns, &role);
+    let mut items = vec![serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}})];
+    let bind = |role: &str| {
+        serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": format!("{sa}-{role}"), "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})
+    };
+    match rbac {
+        Rbac::Project => {
+            let dir = workspace_root().join("deploy").join("rbac");
+            for rel in ["namespaced/role.yaml", "operator-namespace/role.yaml"] {
+                let path = dir.join(rel);
+                let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+                let mut role: Value = yaml_serde::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()));
+                assert_eq!(role["kind"], "Role", "{}", path.display());
+                role["metadata"]["namespace"] = Value::String(ns.clone());
+                let name = role["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                items.push(role);
+                items.push(bind(&name));
+            }
+        }
+        Rbac::Broad => {
+            let all = ["get", "list", "watch", "create", "update", "patch", "delete"];
+            let role = format!("{sa}-broad");
+            items.push(serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": role, "namespace": ns},
+                "rules": [{"apiGroups": ["", "apps", "policy", "events.k8s.io", "coordination.k8s.io", "stateward.dev"],
+                           "resources": ["*"], "verbs": all}]}));
+            items.push(bind(&role));
+        }
+    }
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+    apply(env, ns, &list);
     let token = env.kubectl().args(["create", "token", sa, "-n", ns, "--duration", "2h"]).output().expect("kubectl");
     assert!(token.status.success(), "create token: {}", String::from_utf8_lossy(&token.stderr));
     let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
