@@ -203,7 +203,9 @@ async fn controller(ctx: Arc<Context>, namespace: Option<String>, concurrency: u
         None => Api::all_with(ctx.client.clone(), &ar),
     };
     let t = ctx.children.triggers.clone();
-    Controller::new_with(api, watcher::Config::default(), ar.clone())
+    let controller = Controller::new_with(api, watcher::Config::default(), ar.clone());
+    tokio::spawn(count_phases(controller.store(), Arc::clone(&ctx)));
+    controller
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .watches_shared_stream(t.statefulsets, { let ar = ar.clone(); move |c| mapper(&ar, c) })
         .watches_shared_stream(t.services, { let ar = ar.clone(); move |c| mapper(&ar, c) })
@@ -219,6 +221,21 @@ async fn controller(ctx: Arc<Context>, namespace: Option<String>, concurrency: u
             }
         })
         .await;
+}
+
+/// Keeps `stateward_managed_resources{kind,phase}` current from the controller's own cache.
+async fn count_phases(store: kube::runtime::reflector::Store<DynamicObject>, ctx: Arc<Context>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tick.tick().await;
+        let mut counts: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+        for obj in store.state() {
+            let phase = obj.data.pointer("/status/phase").and_then(|p| p.as_str()).unwrap_or("Pending");
+            *counts.entry(phase.to_string()).or_default() += 1;
+        }
+        let counts: Vec<(String, i64)> = counts.into_iter().collect();
+        ctx.metrics.managed_resources(&ctx.kind.kind, &counts);
+    }
 }
 
 /// A child points at the resource named by its instance label, in its own namespace.
