@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context as _};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{ListParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
@@ -79,10 +79,11 @@ const PERMISSIONS: &[Grant] = &[
         scope: Scope::Watched,
         group: "*children*",
         resources: CHILDREN,
-        verbs: &["patch"],
+        verbs: &["patch", "create"],
         names: &[],
         code: "controller/apply.rs: Applier::apply — api.patch(.., PatchParams::apply(\"stateward\").force(), \
-               Patch::Apply) on any owned kind (plugins/sdk/src/driver.rs OWNS)",
+               Patch::Apply) on any owned kind (plugins/sdk/src/driver.rs OWNS); an apply that creates \
+               the object is also authorized as create (measured: 403 without it)",
     },
     Grant {
         scope: Scope::Watched,
@@ -107,7 +108,8 @@ const PERMISSIONS: &[Grant] = &[
         resources: &["secrets"],
         verbs: &["create"],
         names: &[],
-        code: "controller/apply.rs: Applier::ensure_secret — api.create(secret) once, 409 tolerated",
+        code: "controller/apply.rs: Applier::ensure_secret — api.create(secret) once, 409 tolerated \
+               (and server-side apply creating one)",
     },
     Grant {
         scope: Scope::Watched,
@@ -528,7 +530,7 @@ async fn deploy_manifests_pass_server_validation() -> anyhow::Result<()> {
         docs.push('\n');
     }
     let mut cmd = env.kubectl();
-    cmd.args(["apply", "--dry-run=server", "--server-side", "--field-manager", "stateward-rbac-test", "-f", "-"]);
+    cmd.args(["apply", "--dry-run=server", "--server-side", "--force-conflicts", "--field-manager", "stateward-rbac-test", "-f", "-"]);
     let out = kubectl_output(cmd, Some(&docs))?;
     println!("server-side dry run of kustomize deploy:\n{out}");
     Ok(())
@@ -653,6 +655,11 @@ async fn may(env: &TestEnv, user: &str, groups: &[String], namespace: &str, grou
     let api: Api<SubjectAccessReview> = Api::all(env.client.clone());
     let answer = api.create(&PostParams::default(), &review).await?;
     Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// Log lines where the API server refused the operator (RBAC says "forbidden").
+fn forbidden_lines(log: &str) -> Vec<String> {
+    log.lines().filter(|l| l.to_ascii_lowercase().contains("forbidden")).map(str::to_string).collect()
 }
 
 fn redis_api(env: &TestEnv) -> Api<DynamicObject> {
@@ -810,6 +817,8 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
         if let Some(status) = operator.child.try_wait()? {
             bail!("operator exited with {status}:\n{}", operator.tail(40));
         }
+        let refused = forbidden_lines(&operator.log_text());
+        ensure!(refused.is_empty(), "the operator was refused something:\n{}", refused.join("\n"));
         ensure!(
             applied.elapsed() < deadline,
             "RedisCluster not Available with 3 ready within {deadline:?}; status {status}\n{}",
@@ -832,6 +841,10 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
     ensure!(ours > 0, "no events.k8s.io Event from stateward in {ns}");
 
     // Deletion with retentionPolicy Delete: finalizer removal and PVC/StatefulSet deletes.
+    let pvcs: Api<PersistentVolumeClaim> = env.api();
+    let by_instance = ListParams::default().labels("stateward.dev/instance=cache");
+    let claims = pvcs.list(&by_instance).await?.items.len();
+    ensure!(claims == 3, "expected 3 PVCs of cache, found {claims}");
     crs.delete("cache", &Default::default()).await?;
     let started = Instant::now();
     while crs.get_opt("cache").await?.is_some() {
@@ -839,9 +852,21 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     println!("RedisCluster cache finalized and gone {:.1?} after delete", started.elapsed());
+    // retentionPolicy: Delete, so the operator deleted the claims (they may linger a moment
+    // under the pvc-protection finalizer until their pods are gone).
+    while let Some(left) = pvcs.list(&by_instance).await?.items.iter().find(|c| c.metadata.deletion_timestamp.is_none()) {
+        ensure!(
+            started.elapsed() < Duration::from_secs(60),
+            "PVC {} not deleted with retentionPolicy Delete:\n{}",
+            left.metadata.name.as_deref().unwrap_or_default(),
+            operator.tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("its {claims} PVCs deleted (retentionPolicy Delete)");
 
     let text = operator.log_text();
-    let forbidden: Vec<&str> = text.lines().filter(|l| l.to_ascii_lowercase().contains("forbidden")).collect();
+    let forbidden = forbidden_lines(&text);
     ensure!(forbidden.is_empty(), "the operator was refused something:\n{}", forbidden.join("\n"));
     ensure!(text.contains("became leader"), "no leadership in the log:\n{}", operator.tail(20));
     println!("operator log: {} lines, none forbidden; {ours} events published", text.lines().count());
