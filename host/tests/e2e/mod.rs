@@ -3,6 +3,8 @@
 //! kinds' manifests, and bounded polling helpers. Every test gets its own namespace and its own
 //! operator (`--namespace`, Lease in that namespace), so tests run in parallel.
 #![allow(dead_code)]
+// Test support: failing the calling test with a clear message is its job.
+#![allow(clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::future::Future;
