@@ -81,13 +81,11 @@ pub enum RunError {
     Http { addr: SocketAddr, source: std::io::Error },
     #[error("child caches never synced: {0}")]
     Sync(String),
-    #[error("lost leadership; exiting so that only the new leader writes")]
-    LostLeadership,
     #[error("plugin {plugin} declares kind {kind} without a storage version")]
     NoStorageVersion { plugin: String, kind: String },
 }
 
-/// Runs until SIGTERM/SIGINT (graceful) or lost leadership (error, so the pod restarts).
+/// Runs until SIGTERM/SIGINT; losing leadership stops the controllers until it is won back.
 pub async fn run(
     client: Client,
     sandbox: Arc<Sandbox>,
@@ -123,15 +121,7 @@ pub async fn run(
         .map_err(|source| RunError::Http { addr: settings.http_addr, source })?;
     tokio::spawn(crate::telemetry::http::serve_listener(listener, metrics.clone(), debug.clone(), stopped()));
 
-    let (mut leadership, leader_task) = leader::spawn(client.clone(), settings.leader.clone(), stopped());
-    tracing::info!(identity = %settings.leader.identity, "waiting for leadership");
-    tokio::select! {
-        _ = leadership.acquired() => {}
-        _ = stopped() => return Ok(()),
-    }
-    debug.set_leader(true);
-    tracing::info!("became leader");
-
+    // Caches are reads: every replica keeps them warm so a takeover starts at once.
     let children = children::Children::start(&client, settings.namespace.as_deref());
     tokio::select! {
         synced = children.wait_until_synced() => synced.map_err(|e| RunError::Sync(e.to_string()))?,
@@ -140,8 +130,75 @@ pub async fn run(
     for watch in ["statefulsets", "services", "configmaps", "secrets", "poddisruptionbudgets", "persistentvolumeclaims"] {
         debug.set_watch(watch, true);
     }
+    debug.set_ready(true);
 
+    let (mut leadership, leader_task) = leader::spawn(client.clone(), settings.leader.clone(), stopped());
     let applier = Arc::new(apply::Applier::new(client.clone()));
+    let shared = Shared { client, children, sandbox, gate, metrics, applier, leadership: leadership.clone() };
+    // Lead while we hold the Lease; when it is lost (e.g. the API server was unreachable past
+    // the renew deadline) stop every controller before campaigning again, so that there is
+    // never a moment with two writers, and never exit for it.
+    loop {
+        tracing::info!(identity = %settings.leader.identity, "waiting for leadership");
+        tokio::select! {
+            _ = leadership.acquired() => {}
+            _ = stopped() => break,
+        }
+        debug.set_leader(true);
+        tracing::info!("became leader");
+        let tasks = start_controllers(&shared, &registry, &settings, &debug, &stopped)?;
+        let lost = async {
+            loop {
+                match leadership.changed().await {
+                    Some(false) | None => return,
+                    Some(true) => {}
+                }
+            }
+        };
+        let stop = tokio::select! {
+            _ = stopped() => true,
+            _ = lost => false,
+        };
+        debug.set_leader(false);
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        if stop {
+            break;
+        }
+        tracing::warn!("lost leadership; controllers stopped, campaigning again");
+    }
+    debug.set_ready(false);
+    let _ = tokio::time::timeout(Duration::from_secs(5), leader_task).await;
+    Ok(())
+}
+
+/// What every kind's controller shares.
+struct Shared {
+    client: Client,
+    children: children::Children,
+    sandbox: Arc<Sandbox>,
+    gate: Arc<Gate>,
+    metrics: Metrics,
+    applier: Arc<apply::Applier>,
+    leadership: Leadership,
+}
+
+/// Starts one controller per plugin-declared kind.
+fn start_controllers<S, F>(
+    shared: &Shared,
+    registry: &Registry,
+    settings: &Settings,
+    debug: &DebugState,
+    stopped: &S,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, RunError>
+where
+    S: Fn() -> F,
+    F: std::future::Future<Output = ()> + Send + Sync + 'static,
+{
     let mut tasks = Vec::new();
     for plugin in registry.plugins() {
         for kind in &plugin.info().kinds {
@@ -157,41 +214,22 @@ pub async fn run(
                 plugin: RwLock::new(Arc::clone(&plugin)),
             });
             let ctx = Arc::new(Context {
-                client: client.clone(),
-                kind: Arc::clone(&binding),
-                children: children.clone(),
-                sandbox: Arc::clone(&sandbox),
-                gate: Arc::clone(&gate),
-                metrics: metrics.clone(),
-                events: events::Events::new(client.clone(), &settings.leader.identity, api_resource.clone()),
-                applier: Arc::clone(&applier),
+                client: shared.client.clone(),
+                kind: binding,
+                children: shared.children.clone(),
+                sandbox: Arc::clone(&shared.sandbox),
+                gate: Arc::clone(&shared.gate),
+                metrics: shared.metrics.clone(),
+                events: events::Events::new(shared.client.clone(), &settings.leader.identity, api_resource),
+                applier: Arc::clone(&shared.applier),
                 backoff: backoff::Backoff::default(),
-                leadership: leadership.clone(),
+                leadership: shared.leadership.clone(),
             });
             debug.set_watch(&kind.plural, true);
             tasks.push(tokio::spawn(controller(ctx, settings.namespace.clone(), settings.concurrency, stopped())));
         }
     }
-    debug.set_ready(true);
-
-    let lost = async {
-        loop {
-            match leadership.changed().await {
-                Some(false) | None => return,
-                Some(true) => {}
-            }
-        }
-    };
-    let result = tokio::select! {
-        _ = stopped() => Ok(()),
-        _ = lost => Err(RunError::LostLeadership),
-    };
-    debug.set_ready(false);
-    for task in tasks {
-        task.abort();
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(5), leader_task).await;
-    result
+    Ok(tasks)
 }
 
 /// One kind's controller: its own watch of the custom resources, triggered also by any child
@@ -204,8 +242,8 @@ async fn controller(ctx: Arc<Context>, namespace: Option<String>, concurrency: u
     };
     let t = ctx.children.triggers.clone();
     let controller = Controller::new_with(api, watcher::Config::default(), ar.clone());
-    tokio::spawn(count_phases(controller.store(), Arc::clone(&ctx)));
-    controller
+    let counting = count_phases(controller.store(), Arc::clone(&ctx));
+    let running = controller
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .watches_shared_stream(t.statefulsets, { let ar = ar.clone(); move |c| mapper(&ar, c) })
         .watches_shared_stream(t.services, { let ar = ar.clone(); move |c| mapper(&ar, c) })
@@ -219,8 +257,12 @@ async fn controller(ctx: Arc<Context>, namespace: Option<String>, concurrency: u
             if let Err(err) = result {
                 tracing::debug!(error = %err, "controller event");
             }
-        })
-        .await;
+        });
+    // The counter ends with the controller: the select drops it when the run stream ends.
+    tokio::select! {
+        _ = running => {}
+        _ = counting => {}
+    }
 }
 
 /// Keeps `stateward_managed_resources{kind,phase}` current from the controller's own cache.
