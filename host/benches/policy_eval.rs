@@ -25,14 +25,23 @@ fn opa_bin() -> PathBuf {
     if let Ok(p) = std::env::var("STATEWARD_OPA") {
         return PathBuf::from(p);
     }
-    let cache = std::env::var("STATEWARD_CACHE").map(PathBuf::from).unwrap_or_else(|_| {
-        std::env::var("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache"))
-            .join("stateward")
-    });
-    let p = cache.join("bin").join(format!("opa-{OPA_VERSION}")).join("opa");
-    assert!(p.is_file(), "opa binary missing at {}: run tests/tools/build-opa", p.display());
+    let cache = std::env::var("STATEWARD_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::env::var("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache"))
+                .join("stateward")
+        });
+    let p = cache
+        .join("bin")
+        .join(format!("opa-{OPA_VERSION}"))
+        .join("opa");
+    assert!(
+        p.is_file(),
+        "opa binary missing at {}: run tests/tools/build-opa",
+        p.display()
+    );
     p
 }
 
@@ -42,9 +51,18 @@ fn plugin() -> PluginRef {
         version: "0.1.0".into(),
         digest: format!("sha256:{}", "0".repeat(64)),
         owns: vec![
-            KindRef { api_version: "apps/v1".into(), kind: "StatefulSet".into() },
-            KindRef { api_version: "v1".into(), kind: "Service".into() },
-            KindRef { api_version: "policy/v1".into(), kind: "PodDisruptionBudget".into() },
+            KindRef {
+                api_version: "apps/v1".into(),
+                kind: "StatefulSet".into(),
+            },
+            KindRef {
+                api_version: "v1".into(),
+                kind: "Service".into(),
+            },
+            KindRef {
+                api_version: "policy/v1".into(),
+                kind: "PodDisruptionBudget".into(),
+            },
         ],
     }
 }
@@ -100,9 +118,20 @@ impl Drop for Opa {
 }
 
 fn start_opa(policies: &Path) -> Opa {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let child = Command::new(opa_bin())
-        .args(["run", "--server", "--disable-telemetry", "--log-level", "error", "--addr"])
+        .args([
+            "run",
+            "--server",
+            "--disable-telemetry",
+            "--log-level",
+            "error",
+            "--addr",
+        ])
         .arg(format!("127.0.0.1:{port}"))
         .arg(policies)
         .stdout(Stdio::null())
@@ -117,7 +146,10 @@ fn start_opa(policies: &Path) -> Opa {
                 return opa;
             }
         }
-        assert!(Instant::now() < deadline, "opa server did not become healthy");
+        assert!(
+            Instant::now() < deadline,
+            "opa server did not become healthy"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -132,7 +164,11 @@ fn http(s: &mut TcpStream, method: &str, path: &str, body: &str) -> std::io::Res
     let mut r = BufReader::new(s.try_clone()?);
     let mut line = String::new();
     r.read_line(&mut line)?;
-    let status: u16 = line.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let (mut len, mut chunked) = (0usize, false);
     loop {
         line.clear();
@@ -173,7 +209,10 @@ fn http(s: &mut TcpStream, method: &str, path: &str, body: &str) -> std::io::Res
 fn main() {
     let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
     let engine = Arc::new(PolicyEngine::compile(&Bundle::from_dir(&policies).unwrap()).unwrap());
-    let action = PlannedAction { verb: "apply".into(), object: statefulset() };
+    let action = PlannedAction {
+        verb: "apply".into(),
+        object: statefulset(),
+    };
     let input = json!({
         "plugin": {"name": "postgres", "version": "0.1.0", "digest": plugin().digest, "owns": plugin().owns},
         "resource": resource(),
@@ -184,9 +223,16 @@ fn main() {
 
     // 1. In-process engine only.
     let ev = engine.evaluate(DecisionPoint::Guardrails, &input);
-    assert!(ev.error.is_none() && ev.deny.is_empty(), "benchmark input must be allowed: {ev:?}");
-    time_n(2_000, || drop(engine.evaluate(DecisionPoint::Guardrails, &input)));
-    let local = percentiles(time_n(n_local, || drop(engine.evaluate(DecisionPoint::Guardrails, &input))));
+    assert!(
+        ev.error.is_none() && ev.deny.is_empty(),
+        "benchmark input must be allowed: {ev:?}"
+    );
+    time_n(2_000, || {
+        drop(engine.evaluate(DecisionPoint::Guardrails, &input))
+    });
+    let local = percentiles(time_n(n_local, || {
+        drop(engine.evaluate(DecisionPoint::Guardrails, &input))
+    }));
 
     // 2. Whole gate (evaluate + enforcement + audit line) per fsync policy.
     let dir = std::env::temp_dir().join(format!("stateward-bench-{}", std::process::id()));
@@ -194,16 +240,29 @@ fn main() {
     let ctx = DecisionContext::default();
     let mut gate_rows = Vec::new();
     for (label, fsync, n) in [
-        ("gate + audit file, OS-buffered", FsyncPolicy::OsBuffered, 5_000),
-        ("gate + audit file, fdatasync/record", FsyncPolicy::PerRecord, 1_000),
+        (
+            "gate + audit file, OS-buffered",
+            FsyncPolicy::OsBuffered,
+            5_000,
+        ),
+        (
+            "gate + audit file, fdatasync/record",
+            FsyncPolicy::PerRecord,
+            1_000,
+        ),
     ] {
         let path = dir.join(format!("audit-{}.jsonl", gate_rows.len()));
         let log = AuditLog::open(&AuditSink::File(path.clone()), fsync).unwrap();
         let gate = Gate::new(engine.clone(), Arc::new(log));
         let res = resource();
         let acts = [action.clone()];
-        let t = time_n(n, || assert!(gate.check_plan(&ctx, &plugin(), &res, &acts).allowed()));
-        assert!(stateward::policy::audit::verify(&path).unwrap().first_break.is_none());
+        let t = time_n(n, || {
+            assert!(gate.check_plan(&ctx, &plugin(), &res, &acts).allowed())
+        });
+        assert!(stateward::policy::audit::verify(&path)
+            .unwrap()
+            .first_break
+            .is_none());
         gate_rows.push((label, n, percentiles(t)));
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -217,7 +276,9 @@ fn main() {
     assert_eq!(status, 200, "{resp}");
     let resp: Value = serde_json::from_str(&resp).unwrap();
     assert_eq!(resp["result"]["deny"], json!([]), "OPA agrees: allowed");
-    time_n(300, || drop(http(&mut conn, "POST", "/v1/data/stateward/guardrails", &body).unwrap()));
+    time_n(300, || {
+        drop(http(&mut conn, "POST", "/v1/data/stateward/guardrails", &body).unwrap())
+    });
     let rest = percentiles(time_n(n_rest, || {
         let (s, _) = http(&mut conn, "POST", "/v1/data/stateward/guardrails", &body).unwrap();
         assert_eq!(s, 200);
@@ -225,14 +286,29 @@ fn main() {
     drop(opa);
 
     println!();
-    println!("guardrails decision, one StatefulSet apply action (bundle {})", &engine.digest()[..19]);
-    println!("{:<44} {:>7} {:>10} {:>10}", "path", "n", "p50 µs", "p99 µs");
+    println!(
+        "guardrails decision, one StatefulSet apply action (bundle {})",
+        &engine.digest()[..19]
+    );
+    println!(
+        "{:<44} {:>7} {:>10} {:>10}",
+        "path", "n", "p50 µs", "p99 µs"
+    );
     println!("{}", "-".repeat(74));
-    println!("{:<44} {:>7} {:>10.1} {:>10.1}", "in-process regorus (evaluate)", n_local, local.0, local.1);
+    println!(
+        "{:<44} {:>7} {:>10.1} {:>10.1}",
+        "in-process regorus (evaluate)", n_local, local.0, local.1
+    );
     for (label, n, (p50, p99)) in &gate_rows {
         println!("{:<44} {:>7} {:>10.1} {:>10.1}", label, n, p50, p99);
     }
-    println!("{:<44} {:>7} {:>10.1} {:>10.1}", format!("opa {OPA_VERSION} run --server, REST loopback"), n_rest, rest.0, rest.1);
+    println!(
+        "{:<44} {:>7} {:>10.1} {:>10.1}",
+        format!("opa {OPA_VERSION} run --server, REST loopback"),
+        n_rest,
+        rest.0,
+        rest.1
+    );
     println!("{}", "-".repeat(74));
     let ratio50 = rest.0 / local.0;
     let ratio99 = rest.1 / local.1;

@@ -24,7 +24,10 @@ fn tempdir(tag: &str) -> PathBuf {
 }
 
 fn shipped_files() -> Vec<BundleFile> {
-    Bundle::from_dir(&policies()).expect("bundle").files().to_vec()
+    Bundle::from_dir(&policies())
+        .expect("bundle")
+        .files()
+        .to_vec()
 }
 
 fn engine_with_data(patch: impl Fn(&mut Value)) -> Arc<PolicyEngine> {
@@ -43,7 +46,8 @@ fn engine_with_data(patch: impl Fn(&mut Value)) -> Arc<PolicyEngine> {
 }
 
 fn gate_to(path: &Path, engine: Arc<PolicyEngine>) -> Gate {
-    let log = AuditLog::open(&AuditSink::File(path.to_path_buf()), FsyncPolicy::PerRecord).expect("audit");
+    let log = AuditLog::open(&AuditSink::File(path.to_path_buf()), FsyncPolicy::PerRecord)
+        .expect("audit");
     Gate::new(engine, Arc::new(log))
 }
 
@@ -53,8 +57,14 @@ fn plugin() -> PluginRef {
         version: "0.1.0".into(),
         digest: format!("sha256:{}", "0".repeat(64)),
         owns: vec![
-            KindRef { api_version: "apps/v1".into(), kind: "StatefulSet".into() },
-            KindRef { api_version: "v1".into(), kind: "Service".into() },
+            KindRef {
+                api_version: "apps/v1".into(),
+                kind: "StatefulSet".into(),
+            },
+            KindRef {
+                api_version: "v1".into(),
+                kind: "Service".into(),
+            },
         ],
     }
 }
@@ -73,7 +83,10 @@ fn sts(privileged: bool, host_network: bool) -> Value {
 }
 
 fn apply(o: Value) -> PlannedAction {
-    PlannedAction { verb: "apply".into(), object: o }
+    PlannedAction {
+        verb: "apply".into(),
+        object: o,
+    }
 }
 
 fn ctx() -> DecisionContext {
@@ -93,7 +106,9 @@ fn lines(path: &Path) -> Vec<Value> {
 }
 
 fn shipped() -> Arc<PolicyEngine> {
-    Arc::new(PolicyEngine::compile(&Bundle::from_dir(&policies()).expect("bundle")).expect("compile"))
+    Arc::new(
+        PolicyEngine::compile(&Bundle::from_dir(&policies()).expect("bundle")).expect("compile"),
+    )
 }
 
 #[test]
@@ -103,14 +118,28 @@ fn a_privileged_statefulset_blocks_the_whole_plan_and_every_action_is_audited() 
     let gate = gate_to(&log, shipped());
     let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "main"}});
     let plan = [apply(service.clone()), apply(sts(true, false))];
-    let v = gate.check_plan(&ctx(), &plugin(), &stateward::policy::resource_input(&cr()), &plan);
+    let v = gate.check_plan(
+        &ctx(),
+        &plugin(),
+        &stateward::policy::resource_input(&cr()),
+        &plan,
+    );
     assert!(!v.allowed());
     assert!(v.actions[0].verdict.allowed(), "the Service alone is fine");
     assert_eq!(v.actions[1].target, "apps/v1/StatefulSet/main");
     assert_eq!(v.denials().len(), 1);
-    assert!(v.denials()[0].1.starts_with("privileged: "), "{:?}", v.denials());
+    assert!(
+        v.denials()[0].1.starts_with("privileged: "),
+        "{:?}",
+        v.denials()
+    );
 
-    let ok = gate.check_plan(&ctx(), &plugin(), &stateward::policy::resource_input(&cr()), &[apply(service), apply(sts(false, false))]);
+    let ok = gate.check_plan(
+        &ctx(),
+        &plugin(),
+        &stateward::policy::resource_input(&cr()),
+        &[apply(service), apply(sts(false, false))],
+    );
     assert!(ok.allowed(), "{:?}", ok.denials());
 
     let recs = lines(&log);
@@ -120,12 +149,25 @@ fn a_privileged_statefulset_blocks_the_whole_plan_and_every_action_is_audited() 
     assert_eq!(denied["labels"]["point"], "guardrails");
     assert_eq!(denied["requested_by"], "plugin/postgres");
     assert_eq!(denied["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
-    assert_eq!(denied["bundles"]["stateward"]["revision"], gate.engine().digest());
+    assert_eq!(
+        denied["bundles"]["stateward"]["revision"],
+        gate.engine().digest()
+    );
     assert_eq!(denied["result"]["enforced"]["allowed"], false);
     assert_eq!(denied["input"]["resource"]["namespace"], "db");
-    assert!(denied["metrics"]["timer_rego_eval_ns"].as_u64().expect("timer") > 0);
-    assert_eq!(denied["decision_id"], v.actions[1].verdict.decision_id.as_str());
-    assert!(jiff::Timestamp::from_str_ok(denied["timestamp"].as_str().expect("ts")));
+    assert!(
+        denied["metrics"]["timer_rego_eval_ns"]
+            .as_u64()
+            .expect("timer")
+            > 0
+    );
+    assert_eq!(
+        denied["decision_id"],
+        v.actions[1].verdict.decision_id.as_str()
+    );
+    assert!(jiff::Timestamp::from_str_ok(
+        denied["timestamp"].as_str().expect("ts")
+    ));
     assert!(stateward::policy::cli::verify_audit(&log).expect("verify"));
 }
 
@@ -149,23 +191,41 @@ fn enforcement_modes_come_from_policy_data() {
     let gate = gate_to(&log, engine);
     let res = stateward::policy::resource_input(&cr());
     let v = gate.check_plan(&ctx(), &plugin(), &res, &[apply(sts(true, true))]);
-    assert!(v.allowed(), "dryrun and warn rules do not block: {:?}", v.denials());
+    assert!(
+        v.allowed(),
+        "dryrun and warn rules do not block: {:?}",
+        v.denials()
+    );
     let a = &v.actions[0].verdict;
     assert_eq!(a.dryrun.len(), 1);
     assert!(a.dryrun[0].starts_with("privileged: "));
     assert_eq!(a.warned.len(), 1);
     assert!(a.warned[0].starts_with("host-namespace: "));
     let rec = &lines(&log)[0];
-    assert_eq!(rec["result"]["deny"].as_array().expect("deny").len(), 2, "raw deny set is audited");
+    assert_eq!(
+        rec["result"]["deny"].as_array().expect("deny").len(),
+        2,
+        "raw deny set is audited"
+    );
     assert_eq!(rec["result"]["enforced"]["dryrun"][0], a.dryrun[0].as_str());
 
     // A rule left at the default still blocks.
-    let blocked = gate.check_plan(&ctx(), &plugin(), &res, &[apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}))]);
+    let blocked = gate.check_plan(
+        &ctx(),
+        &plugin(),
+        &res,
+        &[apply(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}),
+        )],
+    );
     assert!(!blocked.allowed());
 
     let bad = Bundle::from_files(shipped_files().into_iter().map(|mut f| {
         if f.name == "data.json" {
-            f.contents = f.contents.replace("\"guardrails\": {}", "\"guardrails\": {\"privileged\": \"maybe\"}");
+            f.contents = f.contents.replace(
+                "\"guardrails\": {}",
+                "\"guardrails\": {\"privileged\": \"maybe\"}",
+            );
         }
         f
     }))
@@ -176,17 +236,33 @@ fn enforcement_modes_come_from_policy_data() {
 
 #[test]
 fn a_missing_decision_point_fails_closed_and_is_audited() {
-    let files = shipped_files().into_iter().filter(|f| !f.name.starts_with("guardrails"));
-    let engine = Arc::new(PolicyEngine::compile(&Bundle::from_files(files).expect("bundle")).expect("compile"));
+    let files = shipped_files()
+        .into_iter()
+        .filter(|f| !f.name.starts_with("guardrails"));
+    let engine = Arc::new(
+        PolicyEngine::compile(&Bundle::from_files(files).expect("bundle")).expect("compile"),
+    );
     let dir = tempdir("missing");
     let log = dir.join("audit.jsonl");
     let gate = gate_to(&log, engine);
-    let v = gate.check_plan(&ctx(), &plugin(), &stateward::policy::resource_input(&cr()), &[apply(sts(false, false))]);
+    let v = gate.check_plan(
+        &ctx(),
+        &plugin(),
+        &stateward::policy::resource_input(&cr()),
+        &[apply(sts(false, false))],
+    );
     assert!(!v.allowed(), "no guardrails package: deny");
     let verdict = &v.actions[0].verdict;
-    assert!(verdict.error.as_deref().unwrap_or("").contains("stateward.guardrails"));
+    assert!(verdict
+        .error
+        .as_deref()
+        .unwrap_or("")
+        .contains("stateward.guardrails"));
     assert!(verdict.denied[0].starts_with("policy-error: "));
-    assert!(lines(&log)[0]["error"].as_str().expect("error recorded").contains("guardrails"));
+    assert!(lines(&log)[0]["error"]
+        .as_str()
+        .expect("error recorded")
+        .contains("guardrails"));
 }
 
 #[test]
@@ -195,25 +271,44 @@ fn a_deny_rule_of_the_wrong_type_fails_closed() {
         name: "g.rego".into(),
         contents: "package stateward.guardrails\n\ndeny := \"everything is fine\"\n".into(),
     }];
-    let engine = Arc::new(PolicyEngine::compile(&Bundle::from_files(files).expect("bundle")).expect("compile"));
+    let engine = Arc::new(
+        PolicyEngine::compile(&Bundle::from_files(files).expect("bundle")).expect("compile"),
+    );
     let ev = engine.evaluate(stateward::policy::DecisionPoint::Guardrails, &json!({}));
-    assert!(ev.error.as_deref().unwrap_or("").contains("not a set of strings"), "{ev:?}");
+    assert!(
+        ev.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("not a set of strings"),
+        "{ev:?}"
+    );
 }
 
 #[test]
 fn an_unwritable_audit_sink_fails_closed() {
-    let log = AuditLog::open(&AuditSink::File(PathBuf::from("/dev/full")), FsyncPolicy::OsBuffered).expect("open");
+    let log = AuditLog::open(
+        &AuditSink::File(PathBuf::from("/dev/full")),
+        FsyncPolicy::OsBuffered,
+    )
+    .expect("open");
     let gate = Gate::new(shipped(), Arc::new(log));
     let res = stateward::policy::resource_input(&cr());
     for _ in 0..2 {
         let v = gate.check_plan(&ctx(), &plugin(), &res, &[apply(sts(false, false))]);
-        assert!(!v.allowed(), "a compliant plan is denied when it cannot be audited");
+        assert!(
+            !v.allowed(),
+            "a compliant plan is denied when it cannot be audited"
+        );
         let a = &v.actions[0].verdict;
-        assert!(a.denied.iter().any(|m| m.starts_with("audit-error: ")), "{a:?}");
+        assert!(
+            a.denied.iter().any(|m| m.starts_with("audit-error: ")),
+            "{a:?}"
+        );
         assert!(a.error.is_some());
     }
     let missing_dir = tempdir("nodir").join("no/such/dir/audit.jsonl");
-    let err = AuditLog::open(&AuditSink::File(missing_dir), FsyncPolicy::PerRecord).expect_err("cannot open");
+    let err = AuditLog::open(&AuditSink::File(missing_dir), FsyncPolicy::PerRecord)
+        .expect_err("cannot open");
     assert_eq!(err.label(), "open_audit");
 }
 
@@ -224,16 +319,32 @@ fn secret_values_are_masked_in_the_audit_log() {
     let gate = gate_to(&log, shipped());
     let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "main-credentials"},
                         "data": {"password": "aHVudGVyMg=="}, "stringData": {"user/name": "hunter2"}});
-    let v = gate.check_plan(&ctx(), &plugin(), &stateward::policy::resource_input(&cr()),
-        &[PlannedAction { verb: "ensure-secret".into(), object: secret }]);
+    let v = gate.check_plan(
+        &ctx(),
+        &plugin(),
+        &stateward::policy::resource_input(&cr()),
+        &[PlannedAction {
+            verb: "ensure-secret".into(),
+            object: secret,
+        }],
+    );
     assert!(v.allowed(), "{:?}", v.denials());
     let text = std::fs::read_to_string(&log).expect("read");
-    assert!(!text.contains("aHVudGVyMg==") && !text.contains("hunter2"), "secret values never reach the log");
+    assert!(
+        !text.contains("aHVudGVyMg==") && !text.contains("hunter2"),
+        "secret values never reach the log"
+    );
     let rec = &lines(&log)[0];
-    assert_eq!(rec["input"]["action"]["object"]["data"]["password"], audit::MASK);
+    assert_eq!(
+        rec["input"]["action"]["object"]["data"]["password"],
+        audit::MASK
+    );
     assert_eq!(
         rec["erased"],
-        json!(["/input/action/object/data/password", "/input/action/object/stringData/user~1name"])
+        json!([
+            "/input/action/object/data/password",
+            "/input/action/object/stringData/user~1name"
+        ])
     );
 }
 
@@ -246,7 +357,10 @@ fn admission_and_plugin_load_decisions() {
     let new = json!({"spec": {"replicas": 2, "deletionProtection": true}});
     let req = |groups: Vec<String>| AdmissionRequest {
         operation: "UPDATE".into(),
-        user_info: UserInfo { username: "bob".into(), groups },
+        user_info: UserInfo {
+            username: "bob".into(),
+            groups,
+        },
         object: new.clone(),
         old_object: old.clone(),
         dry_run: false,
@@ -262,13 +376,18 @@ fn admission_and_plugin_load_decisions() {
         version: "0.1.0".into(),
         digest: format!("sha256:{}", "a".repeat(64)),
         size,
-        kinds: vec![KindRef { api_version: "stateward.dev/v1alpha1".into(), kind: "PostgresCluster".into() }],
+        kinds: vec![KindRef {
+            api_version: "stateward.dev/v1alpha1".into(),
+            kind: "PostgresCluster".into(),
+        }],
     };
     let ok = gate.plugin_load(&ctx(), &load("postgres", 1000));
     assert!(ok.allowed(), "{ok:?}");
     assert_eq!(ok.warned.len(), 1, "unpinned plugin warns");
     assert!(!gate.plugin_load(&ctx(), &load("miner", 1000)).allowed());
-    assert!(!gate.plugin_load(&ctx(), &load("postgres", 2 << 20)).allowed());
+    assert!(!gate
+        .plugin_load(&ctx(), &load("postgres", 2 << 20))
+        .allowed());
 
     let recs = lines(&log);
     assert_eq!(recs.len(), 5);
@@ -292,7 +411,11 @@ fn audit_file(tag: &str, n: usize) -> (PathBuf, Vec<String>) {
 }
 
 fn rewrite(path: &Path, lines: &[String]) {
-    std::fs::write(path, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).expect("write");
+    std::fs::write(
+        path,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .expect("write");
 }
 
 #[test]
@@ -304,7 +427,16 @@ fn audit_verify_passes_untouched_and_resumes_the_chain_after_reopen() {
     assert_eq!(report.first_break, None);
     // Reopening continues the same chain.
     let gate = gate_to(&log, shipped());
-    gate.plugin_load(&ctx(), &PluginLoad { name: "redis".into(), version: "1".into(), digest: String::new(), size: 1, kinds: vec![] });
+    gate.plugin_load(
+        &ctx(),
+        &PluginLoad {
+            name: "redis".into(),
+            version: "1".into(),
+            digest: String::new(),
+            size: 1,
+            kinds: vec![],
+        },
+    );
     let report = audit::verify(&log).expect("verify");
     assert_eq!((report.records, report.first_break), (11, None));
 }
@@ -319,7 +451,10 @@ fn audit_verify_finds_one_changed_byte() {
     let replacement = if digit == b'9' { "8" } else { "9" };
     l.replace_range(pos..pos + 1, replacement);
     rewrite(&log, &lines);
-    let b = audit::verify(&log).expect("verify").first_break.expect("break found");
+    let b = audit::verify(&log)
+        .expect("verify")
+        .first_break
+        .expect("break found");
     assert_eq!((b.line, b.kind), (5, BreakKind::Edited), "{b:?}");
     assert!(!stateward::policy::cli::verify_audit(&log).expect("verify"));
 }
@@ -329,7 +464,10 @@ fn audit_verify_finds_a_removed_line() {
     let (log, mut lines) = audit_file("gap", 8);
     lines.remove(5);
     rewrite(&log, &lines);
-    let b = audit::verify(&log).expect("verify").first_break.expect("break found");
+    let b = audit::verify(&log)
+        .expect("verify")
+        .first_break
+        .expect("break found");
     assert_eq!((b.line, b.kind), (6, BreakKind::Gap), "{b:?}");
 }
 
@@ -338,7 +476,10 @@ fn audit_verify_finds_two_swapped_lines() {
     let (log, mut lines) = audit_file("swap", 8);
     lines.swap(2, 3);
     rewrite(&log, &lines);
-    let b = audit::verify(&log).expect("verify").first_break.expect("break found");
+    let b = audit::verify(&log)
+        .expect("verify")
+        .first_break
+        .expect("break found");
     assert_eq!((b.line, b.kind), (3, BreakKind::Reorder), "{b:?}");
 }
 
@@ -350,7 +491,10 @@ fn audit_verify_finds_a_relinked_forgery() {
     let (_, other) = audit_file("relink-other", 6);
     lines[3] = other[3].clone();
     rewrite(&log, &lines);
-    let b = audit::verify(&log).expect("verify").first_break.expect("break found");
+    let b = audit::verify(&log)
+        .expect("verify")
+        .first_break
+        .expect("break found");
     assert_eq!((b.line, b.kind), (4, BreakKind::BrokenLink), "{b:?}");
 }
 
@@ -371,7 +515,8 @@ fn a_bundle_with_a_failing_test_is_rejected_whole() {
 
     let mut broken = shipped_files();
     broken[0].contents.push_str("\ndeny contains msg if {\n");
-    let err = PolicyEngine::compile(&Bundle::from_files(broken).expect("bundle")).expect_err("syntax error");
+    let err = PolicyEngine::compile(&Bundle::from_files(broken).expect("bundle"))
+        .expect_err("syntax error");
     assert_eq!(err.label(), "parse_policy");
 }
 
@@ -382,7 +527,10 @@ fn bundle_digest_depends_on_names_and_contents_only() {
     assert_eq!(a.digest(), b.digest());
     let mut changed = shipped_files();
     changed[0].contents.push(' ');
-    assert_ne!(a.digest(), Bundle::from_files(changed).expect("bundle").digest());
+    assert_ne!(
+        a.digest(),
+        Bundle::from_files(changed).expect("bundle").digest()
+    );
 }
 
 #[test]
@@ -392,17 +540,24 @@ fn cli_eval_answers_like_opa_eval() {
     let doc = json!({"plugin": {"name": "postgres", "owns": [{"apiVersion": "apps/v1", "kind": "StatefulSet"}]},
                      "resource": {"namespace": "db"}, "action": {"verb": "apply", "object": sts(true, false)}});
     std::fs::write(&input, doc.to_string()).expect("write");
-    let v = stateward::policy::cli::eval(&policies(), &input, "data.stateward.guardrails.deny").expect("eval");
+    let v = stateward::policy::cli::eval(&policies(), &input, "data.stateward.guardrails.deny")
+        .expect("eval");
     assert_eq!(v, json!(["privileged: container postgres runs privileged"]));
-    let whole = stateward::policy::cli::eval(&policies(), &input, "data.stateward.guardrails").expect("eval");
-    assert!(whole["deny"].is_array() && whole["warn"].is_array(), "{whole}");
+    let whole = stateward::policy::cli::eval(&policies(), &input, "data.stateward.guardrails")
+        .expect("eval");
+    assert!(
+        whole["deny"].is_array() && whole["warn"].is_array(),
+        "{whole}"
+    );
 }
 
 #[test]
 fn one_engine_serves_many_threads() {
     let engine = shipped();
     let input = json!({"plugin": plugin(), "resource": {"namespace": "db"}, "action": {"verb": "apply", "object": sts(true, true)}});
-    let expected = engine.evaluate(stateward::policy::DecisionPoint::Guardrails, &input).deny;
+    let expected = engine
+        .evaluate(stateward::policy::DecisionPoint::Guardrails, &input)
+        .deny;
     assert_eq!(expected.len(), 2);
     let handles: Vec<_> = (0..4)
         .map(|_| {

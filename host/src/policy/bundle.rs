@@ -51,7 +51,9 @@ impl Bundle {
                 )));
             }
             if by_name.insert(f.name.clone(), f).is_some() {
-                return Err(PolicyError::CompileBundle("duplicate file name in bundle".into()));
+                return Err(PolicyError::CompileBundle(
+                    "duplicate file name in bundle".into(),
+                ));
             }
         }
         let files: Vec<BundleFile> = by_name.into_values().collect();

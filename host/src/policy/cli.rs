@@ -41,10 +41,11 @@ pub fn eval(dir: &Path, input: &Path, path: &str) -> Result<serde_json::Value, P
         path: input.to_path_buf(),
         message: e.to_string(),
     })?;
-    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| PolicyError::ReadInput {
-        path: input.to_path_buf(),
-        message: e.to_string(),
-    })?;
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| PolicyError::ReadInput {
+            path: input.to_path_buf(),
+            message: e.to_string(),
+        })?;
     engine.query(path, &doc)
 }
 

@@ -153,7 +153,10 @@ impl PolicyEngine {
         for (file, doc) in bundle.data_documents()? {
             engine
                 .add_data(regorus::Value::from(doc))
-                .map_err(|e| PolicyError::LoadData { file, message: e.to_string() })?;
+                .map_err(|e| PolicyError::LoadData {
+                    file,
+                    message: e.to_string(),
+                })?;
         }
 
         let mut points = BTreeSet::new();
@@ -164,7 +167,10 @@ impl PolicyEngine {
             };
             points.insert(point);
             for f in files {
-                if engine.has_declared_rule_rooted_at(f, "warn").unwrap_or(false) {
+                if engine
+                    .has_declared_rule_rooted_at(f, "warn")
+                    .unwrap_or(false)
+                {
                     has_warn.insert(point);
                 }
             }
@@ -212,7 +218,9 @@ impl PolicyEngine {
         let warn = format!("{}.warn", point.package());
         let mut engine = self.engine.clone();
         let entry: regorus::Rc<str> = deny.as_str().into();
-        let compiled = engine.compile_with_entrypoint(&entry).map_err(|e| e.to_string())?;
+        let compiled = engine
+            .compile_with_entrypoint(&entry)
+            .map_err(|e| e.to_string())?;
         let mut entries = vec![deny.as_str()];
         if self.has_warn.contains(&point) {
             entries.push(warn.as_str());
@@ -274,15 +282,24 @@ impl PolicyEngine {
         let warn_path = format!("{}.warn", point.package());
         let with_warn = self.has_warn.contains(&point);
         let results = match self.programs.get(&point) {
-            Some(program) => self.run_rvm(program, input, &deny_path, with_warn.then_some(warn_path.as_str())),
-            None => self.run_interpreter(input, &deny_path, with_warn.then_some(warn_path.as_str())),
+            Some(program) => self.run_rvm(
+                program,
+                input,
+                &deny_path,
+                with_warn.then_some(warn_path.as_str()),
+            ),
+            None => {
+                self.run_interpreter(input, &deny_path, with_warn.then_some(warn_path.as_str()))
+            }
         };
         match results {
             Err(e) => out.error = Some(e),
             Ok((deny, warn)) => {
                 match messages(&deny) {
                     Some(m) => out.deny = m,
-                    None => out.error = Some(format!("{deny_path} is not a set of strings: {deny}")),
+                    None => {
+                        out.error = Some(format!("{deny_path} is not a set of strings: {deny}"))
+                    }
                 }
                 match warn {
                     None | Some(regorus::Value::Undefined) => {}
@@ -310,11 +327,17 @@ impl PolicyEngine {
         let mut vm = RegoVM::new();
         vm.set_max_instructions(MAX_INSTRUCTIONS);
         vm.load_program(program.clone());
-        vm.set_data(self.data.clone()).map_err(|e| format!("loading data: {e}"))?;
+        vm.set_data(self.data.clone())
+            .map_err(|e| format!("loading data: {e}"))?;
         vm.set_input(input);
-        let d = vm.execute_entry_point_by_name(deny).map_err(|e| format!("{deny}: {e}"))?;
+        let d = vm
+            .execute_entry_point_by_name(deny)
+            .map_err(|e| format!("{deny}: {e}"))?;
         let w = match warn {
-            Some(w) => Some(vm.execute_entry_point_by_name(w).map_err(|e| format!("{w}: {e}"))?),
+            Some(w) => Some(
+                vm.execute_entry_point_by_name(w)
+                    .map_err(|e| format!("{w}: {e}"))?,
+            ),
             None => None,
         };
         Ok((d, w))
@@ -328,9 +351,15 @@ impl PolicyEngine {
     ) -> Result<(regorus::Value, Option<regorus::Value>), String> {
         let mut engine = self.engine.clone();
         engine.set_input(input);
-        let d = engine.eval_rule(deny.to_string()).map_err(|e| format!("{deny}: {e}"))?;
+        let d = engine
+            .eval_rule(deny.to_string())
+            .map_err(|e| format!("{deny}: {e}"))?;
         let w = match warn {
-            Some(w) => Some(engine.eval_rule(w.to_string()).map_err(|e| format!("{w}: {e}"))?),
+            Some(w) => Some(
+                engine
+                    .eval_rule(w.to_string())
+                    .map_err(|e| format!("{w}: {e}"))?,
+            ),
             None => None,
         };
         Ok((d, w))
@@ -343,10 +372,15 @@ impl PolicyEngine {
         path: &str,
         input: &serde_json::Value,
     ) -> Result<serde_json::Value, PolicyError> {
-        let err = |message: String| PolicyError::Evaluate { path: path.to_string(), message };
+        let err = |message: String| PolicyError::Evaluate {
+            path: path.to_string(),
+            message,
+        };
         let mut engine = self.engine.clone();
         engine.set_input(regorus::Value::from(input.clone()));
-        let results = engine.eval_query(path.to_string(), false).map_err(|e| err(e.to_string()))?;
+        let results = engine
+            .eval_query(path.to_string(), false)
+            .map_err(|e| err(e.to_string()))?;
         let Some(value) = results
             .result
             .first()
@@ -416,13 +450,18 @@ fn read_enforcement(
     engine: &regorus::Engine,
 ) -> Result<BTreeMap<DecisionPoint, BTreeMap<String, Mode>>, PolicyError> {
     let bad = |m: String| PolicyError::CompileBundle(format!("enforcement data: {m}"));
-    let data = engine.get_data().to_json_str().map_err(|e| bad(e.to_string()))?;
+    let data = engine
+        .get_data()
+        .to_json_str()
+        .map_err(|e| bad(e.to_string()))?;
     let data: serde_json::Value = serde_json::from_str(&data).map_err(|e| bad(e.to_string()))?;
     let mut out = BTreeMap::new();
     let Some(table) = data.pointer("/stateward/config/enforcement") else {
         return Ok(out);
     };
-    let table = table.as_object().ok_or_else(|| bad("not an object".into()))?;
+    let table = table
+        .as_object()
+        .ok_or_else(|| bad("not an object".into()))?;
     for (point_name, rules) in table {
         let point = DecisionPoint::ALL
             .into_iter()
@@ -433,10 +472,11 @@ fn read_enforcement(
             .ok_or_else(|| bad(format!("{point_name}: not an object")))?;
         let mut modes = BTreeMap::new();
         for (rule, mode) in rules {
-            let mode = mode
-                .as_str()
-                .and_then(Mode::parse)
-                .ok_or_else(|| bad(format!("{point_name}.{rule}: mode must be deny, warn or dryrun")))?;
+            let mode = mode.as_str().and_then(Mode::parse).ok_or_else(|| {
+                bad(format!(
+                    "{point_name}.{rule}: mode must be deny, warn or dryrun"
+                ))
+            })?;
             modes.insert(rule.clone(), mode);
         }
         out.insert(point, modes);

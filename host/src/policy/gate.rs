@@ -153,7 +153,12 @@ impl PlanVerdict {
     pub fn denials(&self) -> Vec<(String, String)> {
         self.actions
             .iter()
-            .flat_map(|a| a.verdict.denied.iter().map(|m| (a.target.clone(), m.clone())))
+            .flat_map(|a| {
+                a.verdict
+                    .denied
+                    .iter()
+                    .map(|m| (a.target.clone(), m.clone()))
+            })
             .collect()
     }
 
@@ -161,7 +166,12 @@ impl PlanVerdict {
     pub fn warnings(&self) -> Vec<(String, String)> {
         self.actions
             .iter()
-            .flat_map(|a| a.verdict.warned.iter().map(|m| (a.target.clone(), m.clone())))
+            .flat_map(|a| {
+                a.verdict
+                    .warned
+                    .iter()
+                    .map(|m| (a.target.clone(), m.clone()))
+            })
             .collect()
     }
 }
@@ -169,7 +179,11 @@ impl PlanVerdict {
 /// Builds the guardrails `resource` block `{apiVersion, kind, namespace, name, generation,
 /// spec}` from a full custom resource.
 pub fn resource_input(cr: &Value) -> Value {
-    let meta = |k: &str| cr.pointer(&format!("/metadata/{k}")).cloned().unwrap_or(Value::Null);
+    let meta = |k: &str| {
+        cr.pointer(&format!("/metadata/{k}"))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
     json!({
         "apiVersion": cr.get("apiVersion").cloned().unwrap_or(Value::Null),
         "kind": cr.get("kind").cloned().unwrap_or(Value::Null),
@@ -229,7 +243,12 @@ impl Gate {
                 ActionVerdict {
                     index,
                     verb: a.verb.clone(),
-                    target: format!("{}/{}/{}", s("/apiVersion"), s("/kind"), s("/metadata/name")),
+                    target: format!(
+                        "{}/{}/{}",
+                        s("/apiVersion"),
+                        s("/kind"),
+                        s("/metadata/name")
+                    ),
                     verdict: self.decide(ctx, &requested_by, DecisionPoint::Guardrails, &input),
                 }
             })
@@ -267,7 +286,10 @@ impl Gate {
         match serde_json::to_value(input) {
             Ok(input) => self.decide(ctx, requested_by, point, &input),
             Err(e) => {
-                let ev = Evaluation { error: Some(format!("encoding input: {e}")), ..Evaluation::default() };
+                let ev = Evaluation {
+                    error: Some(format!("encoding input: {e}")),
+                    ..Evaluation::default()
+                };
                 self.enforce_and_audit(ctx, requested_by, point, &Value::Null, ev)
             }
         }

@@ -19,6 +19,6 @@ pub use bundle::{Bundle, BundleFile};
 pub use engine::{DecisionPoint, Evaluation, Mode, PolicyEngine};
 pub use error::PolicyError;
 pub use gate::{
-    resource_input, ActionVerdict, AdmissionRequest, DecisionContext, Gate, KindRef,
-    PlanVerdict, PlannedAction, PluginLoad, PluginRef, UserInfo, Verdict,
+    resource_input, ActionVerdict, AdmissionRequest, DecisionContext, Gate, KindRef, PlanVerdict,
+    PlannedAction, PluginLoad, PluginRef, UserInfo, Verdict,
 };
