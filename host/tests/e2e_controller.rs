@@ -109,6 +109,11 @@ async fn lifecycle(kind: Kind) {
     let before: BTreeSet<String> =
         pods.list(&ListParams::default().labels(&selector)).await.expect("pods").iter().filter_map(|p| p.uid()).collect();
     assert_eq!(before.len(), 3);
+    let floor = ReadyFloor::start(&env, name);
+    wait_for("the pod watch synced", Duration::from_secs(20), || async {
+        if floor.floor().0.is_some() { Ok(()) } else { Err("not yet".to_string()) }
+    })
+    .await;
     rec.clear();
     let up_started = Instant::now();
     patch_ok(&env, &env.namespace, &target, &json!({"spec": {"version": kind.next_version}}));
@@ -166,13 +171,16 @@ async fn lifecycle(kind: Kind) {
     .await;
     let seen = rec.seen();
     let min_ready = min_ready.load(std::sync::atomic::Ordering::Relaxed);
+    let (watched_floor, pod_events) = floor.floor();
     eprintln!(
-        "e2e[{}]: upgrade {}→{} done in {took:.1?} (since patch {:.1?}); min ready pods during rollout {min_ready}; phases {seen:?}",
+        "e2e[{}]: upgrade {}→{} done in {took:.1?} (since patch {:.1?}); fewest Ready members: {watched_floor:?} over {pod_events} pod events (watch), {min_ready} (polled); phases {seen:?}",
         kind.kind,
         kind.version,
         kind.next_version,
         up_started.elapsed()
     );
+    assert!(pod_events >= 6, "the pod watch saw only {pod_events} events during a rollout of 3 pods");
+    assert!(watched_floor >= Some(2), "more than one member was unavailable at once during the rollout (fewest Ready {watched_floor:?})");
     assert!(seen.iter().any(|p| p == "Upgrading"), "phase Upgrading never observed: {seen:?}");
     assert!(min_ready >= 2, "more than one member unavailable at once during the rollout (min ready {min_ready})");
     check_phases(&mut wrong_phases, "upgrade", &seen, &["Running", "Upgrading"]);

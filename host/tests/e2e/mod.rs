@@ -644,3 +644,62 @@ pub fn apiserver_metrics(env: &TestEnv) -> String {
     assert!(out.status.success(), "GET /metrics: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Follows the pods of an instance through a watch and keeps the lowest number of members
+/// that were Ready (and not being deleted) at any moment: exact, unlike sampling, however
+/// quickly the fake kubelet replaces pods.
+pub struct ReadyFloor {
+    state: Arc<Mutex<(std::collections::BTreeMap<String, bool>, Option<usize>, usize)>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReadyFloor {
+    pub fn start(env: &TestEnv, instance: &str) -> ReadyFloor {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
+        let cfg = watcher::Config::default().labels(&format!("{INSTANCE_LABEL}={instance}"));
+        let state: Arc<Mutex<(std::collections::BTreeMap<String, bool>, Option<usize>, usize)>> =
+            Arc::new(Mutex::new((std::collections::BTreeMap::new(), None, 0)));
+        let st = Arc::clone(&state);
+        let task = tokio::spawn(async move {
+            let mut stream = watcher::watcher(pods, cfg).boxed();
+            let mut initialized = false;
+            while let Some(ev) = stream.next().await {
+                let mut guard = st.lock().unwrap_or_else(|e| e.into_inner());
+                let (members, floor, events) = &mut *guard;
+                match ev {
+                    Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p)) => {
+                        let ready = p.metadata.deletion_timestamp.is_none()
+                            && p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
+                                c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                            });
+                        members.insert(p.name_any(), ready);
+                    }
+                    Ok(watcher::Event::Delete(p)) => {
+                        members.remove(&p.name_any());
+                    }
+                    Ok(watcher::Event::InitDone) => initialized = true,
+                    Ok(watcher::Event::Init) => initialized = false,
+                    Err(_) => continue,
+                }
+                if initialized {
+                    *events += 1;
+                    let ready = members.values().filter(|r| **r).count();
+                    *floor = Some(floor.map_or(ready, |f| f.min(ready)));
+                }
+            }
+        });
+        ReadyFloor { state, task }
+    }
+
+    /// (lowest Ready count seen, pod events seen) since the watch synced.
+    pub fn floor(&self) -> (Option<usize>, usize) {
+        let g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        (g.1, g.2)
+    }
+}
+
+impl Drop for ReadyFloor {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
