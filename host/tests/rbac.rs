@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{ListParams, PostParams};
@@ -54,12 +56,25 @@ struct Grant {
     code: &'static str,
 }
 
-const CHILDREN: &[&str] = &["statefulsets", "services", "configmaps", "persistentvolumeclaims", "poddisruptionbudgets"];
+const CHILDREN: &[&str] = &[
+    "statefulsets",
+    "services",
+    "configmaps",
+    "persistentvolumeclaims",
+    "poddisruptionbudgets",
+];
 /// The plurals of deploy/crds (checked against the CRD files).
 const CRS: &[&str] = &["postgresclusters", "redisclusters", "elasticsearchclusters"];
-const CRS_STATUS: &[&str] = &["postgresclusters/status", "redisclusters/status", "elasticsearchclusters/status"];
-const CRS_FINALIZERS: &[&str] =
-    &["postgresclusters/finalizers", "redisclusters/finalizers", "elasticsearchclusters/finalizers"];
+const CRS_STATUS: &[&str] = &[
+    "postgresclusters/status",
+    "redisclusters/status",
+    "elasticsearchclusters/status",
+];
+const CRS_FINALIZERS: &[&str] = &[
+    "postgresclusters/finalizers",
+    "redisclusters/finalizers",
+    "elasticsearchclusters/finalizers",
+];
 /// Name of the leader Lease (host/src/main.rs `LeaderConfig::new(.., "stateward-leader", ..)`).
 const LEASE: &str = "stateward-leader";
 
@@ -259,13 +274,18 @@ fn root() -> PathBuf {
 
 fn load(rel: &str) -> anyhow::Result<Vec<Value>> {
     let path = root().join(rel);
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     Ok(stateward::render::parse_documents(&text, rel)?)
 }
 
 fn load_one(rel: &str) -> anyhow::Result<Value> {
     let mut docs = load(rel)?;
-    ensure!(docs.len() == 1, "{rel}: expected one document, found {}", docs.len());
+    ensure!(
+        docs.len() == 1,
+        "{rel}: expected one document, found {}",
+        docs.len()
+    );
     Ok(docs.remove(0))
 }
 
@@ -276,11 +296,24 @@ fn expected(scope: Scope) -> BTreeSet<Perm> {
     let mut out = BTreeSet::new();
     for g in PERMISSIONS.iter().filter(|g| g.scope == scope) {
         for r in g.resources {
-            let group = if g.group == "*children*" { child_group(r) } else { g.group };
+            let group = if g.group == "*children*" {
+                child_group(r)
+            } else {
+                g.group
+            };
             for v in g.verbs {
-                let names: Vec<&str> = if g.names.is_empty() { vec![""] } else { g.names.to_vec() };
+                let names: Vec<&str> = if g.names.is_empty() {
+                    vec![""]
+                } else {
+                    g.names.to_vec()
+                };
                 for n in names {
-                    out.insert((group.to_string(), (*r).to_string(), (*v).to_string(), n.to_string()));
+                    out.insert((
+                        group.to_string(),
+                        (*r).to_string(),
+                        (*v).to_string(),
+                        n.to_string(),
+                    ));
                 }
             }
         }
@@ -291,7 +324,12 @@ fn expected(scope: Scope) -> BTreeSet<Perm> {
 fn strings(v: &Value, key: &str) -> Vec<String> {
     v.get(key)
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -299,11 +337,23 @@ fn strings(v: &Value, key: &str) -> Vec<String> {
 /// non-resource URLs.
 fn granted(role: &Value, what: &str) -> anyhow::Result<BTreeSet<Perm>> {
     let mut out = BTreeSet::new();
-    let rules = role["rules"].as_array().with_context(|| format!("{what}: no rules"))?;
+    let rules = role["rules"]
+        .as_array()
+        .with_context(|| format!("{what}: no rules"))?;
     for rule in rules {
-        ensure!(rule.get("nonResourceURLs").is_none(), "{what}: nonResourceURLs in {rule}");
-        let (groups, resources, verbs) = (strings(rule, "apiGroups"), strings(rule, "resources"), strings(rule, "verbs"));
-        ensure!(!groups.is_empty() && !resources.is_empty() && !verbs.is_empty(), "{what}: incomplete rule {rule}");
+        ensure!(
+            rule.get("nonResourceURLs").is_none(),
+            "{what}: nonResourceURLs in {rule}"
+        );
+        let (groups, resources, verbs) = (
+            strings(rule, "apiGroups"),
+            strings(rule, "resources"),
+            strings(rule, "verbs"),
+        );
+        ensure!(
+            !groups.is_empty() && !resources.is_empty() && !verbs.is_empty(),
+            "{what}: incomplete rule {rule}"
+        );
         for s in groups.iter().chain(&resources).chain(&verbs) {
             ensure!(!s.contains('*'), "{what}: wildcard {s:?} in {rule}");
         }
@@ -336,9 +386,14 @@ fn diff(what: &str, got: &BTreeSet<Perm>, want: &BTreeSet<Perm>) -> anyhow::Resu
 }
 
 fn check_binding(binding: &Value, kind: &str, role: &str, what: &str) -> anyhow::Result<()> {
-    ensure!(binding["roleRef"]["kind"] == kind && binding["roleRef"]["name"] == role, "{what}: roleRef {}", binding["roleRef"]);
     ensure!(
-        binding["subjects"] == json!([{"kind": "ServiceAccount", "name": "stateward", "namespace": "stateward-system"}]),
+        binding["roleRef"]["kind"] == kind && binding["roleRef"]["name"] == role,
+        "{what}: roleRef {}",
+        binding["roleRef"]
+    );
+    ensure!(
+        binding["subjects"]
+            == json!([{"kind": "ServiceAccount", "name": "stateward", "namespace": "stateward-system"}]),
         "{what}: subjects must be exactly the operator's ServiceAccount, got {}",
         binding["subjects"]
     );
@@ -352,33 +407,76 @@ fn rbac_yaml_grants_exactly_the_table() -> anyhow::Result<()> {
     let operator = expected(Scope::Operator);
 
     let cluster_role = load_one("deploy/rbac/cluster/clusterrole.yaml")?;
-    ensure!(cluster_role["kind"] == "ClusterRole" && cluster_role["metadata"]["name"] == "stateward");
-    ensure!(cluster_role.get("aggregationRule").is_none(), "the ClusterRole must not aggregate others");
+    ensure!(
+        cluster_role["kind"] == "ClusterRole" && cluster_role["metadata"]["name"] == "stateward"
+    );
+    ensure!(
+        cluster_role.get("aggregationRule").is_none(),
+        "the ClusterRole must not aggregate others"
+    );
     let cluster = granted(&cluster_role, "ClusterRole stateward")?;
     diff("deploy/rbac/cluster/clusterrole.yaml", &cluster, &watched)?;
 
     let role = load_one("deploy/rbac/namespaced/role.yaml")?;
     ensure!(role["kind"] == "Role" && role["metadata"]["name"] == "stateward");
-    ensure!(role["metadata"].get("namespace").is_none(), "namespaced/role.yaml must not pin a namespace");
-    diff("deploy/rbac/namespaced/role.yaml", &granted(&role, "Role stateward")?, &watched)?;
+    ensure!(
+        role["metadata"].get("namespace").is_none(),
+        "namespaced/role.yaml must not pin a namespace"
+    );
+    diff(
+        "deploy/rbac/namespaced/role.yaml",
+        &granted(&role, "Role stateward")?,
+        &watched,
+    )?;
 
     let lease_role = load_one("deploy/rbac/operator-namespace/role.yaml")?;
-    ensure!(lease_role["kind"] == "Role" && lease_role["metadata"]["namespace"] == "stateward-system");
-    diff("deploy/rbac/operator-namespace/role.yaml", &granted(&lease_role, "Role stateward-leader-election")?, &operator)?;
+    ensure!(
+        lease_role["kind"] == "Role" && lease_role["metadata"]["namespace"] == "stateward-system"
+    );
+    diff(
+        "deploy/rbac/operator-namespace/role.yaml",
+        &granted(&lease_role, "Role stateward-leader-election")?,
+        &operator,
+    )?;
 
-    check_binding(&load_one("deploy/rbac/cluster/clusterrolebinding.yaml")?, "ClusterRole", "stateward", "ClusterRoleBinding")?;
+    check_binding(
+        &load_one("deploy/rbac/cluster/clusterrolebinding.yaml")?,
+        "ClusterRole",
+        "stateward",
+        "ClusterRoleBinding",
+    )?;
     let rb = load_one("deploy/rbac/namespaced/rolebinding.yaml")?;
-    ensure!(rb["metadata"].get("namespace").is_none(), "namespaced/rolebinding.yaml must not pin a namespace");
+    ensure!(
+        rb["metadata"].get("namespace").is_none(),
+        "namespaced/rolebinding.yaml must not pin a namespace"
+    );
     check_binding(&rb, "Role", "stateward", "namespaced RoleBinding")?;
     let rb = load_one("deploy/rbac/operator-namespace/rolebinding.yaml")?;
     ensure!(rb["metadata"]["namespace"] == "stateward-system");
-    check_binding(&rb, "Role", "stateward-leader-election", "operator-namespace RoleBinding")?;
+    check_binding(
+        &rb,
+        "Role",
+        "stateward-leader-election",
+        "operator-namespace RoleBinding",
+    )?;
 
     // Least privilege beyond set equality: the things that would hurt most if they crept in.
     for (g, r, v, _) in &cluster {
-        ensure!(!(r == "secrets" && (v == "get" || v == "update")), "Secrets {v} must not be granted");
-        ensure!(!matches!(v.as_str(), "escalate" | "bind" | "impersonate" | "deletecollection"), "verb {v} on {g}/{r}");
-        ensure!(g != "rbac.authorization.k8s.io" && g != "apiextensions.k8s.io", "{g} must not be granted");
+        ensure!(
+            !(r == "secrets" && (v == "get" || v == "update")),
+            "Secrets {v} must not be granted"
+        );
+        ensure!(
+            !matches!(
+                v.as_str(),
+                "escalate" | "bind" | "impersonate" | "deletecollection"
+            ),
+            "verb {v} on {g}/{r}"
+        );
+        ensure!(
+            g != "rbac.authorization.k8s.io" && g != "apiextensions.k8s.io",
+            "{g} must not be granted"
+        );
     }
 
     // The custom-resource rows cover exactly the CRDs that deploy/crds installs.
@@ -386,22 +484,74 @@ fn rbac_yaml_grants_exactly_the_table() -> anyhow::Result<()> {
     for entry in std::fs::read_dir(root().join("deploy/crds"))? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "yaml") {
-            let rel = format!("deploy/crds/{}", path.file_name().and_then(|f| f.to_str()).unwrap_or_default());
+            let rel = format!(
+                "deploy/crds/{}",
+                path.file_name()
+                    .and_then(|f| f.to_str())
+                    .unwrap_or_default()
+            );
             let crd = load_one(&rel)?;
             ensure!(crd["spec"]["group"] == "stateward.dev", "{rel}: group");
-            ensure!(crd["spec"]["scope"] == "Namespaced", "{rel}: a cluster-scoped CRD needs a ClusterRole in namespaced mode");
-            plurals.insert(crd["spec"]["names"]["plural"].as_str().unwrap_or_default().to_string());
+            ensure!(
+                crd["spec"]["scope"] == "Namespaced",
+                "{rel}: a cluster-scoped CRD needs a ClusterRole in namespaced mode"
+            );
+            plurals.insert(
+                crd["spec"]["names"]["plural"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
         }
     }
     let table: BTreeSet<String> = CRS.iter().map(|s| (*s).to_string()).collect();
-    ensure!(plurals == table, "deploy/crds plurals {plurals:?} != table {table:?}");
+    ensure!(
+        plurals == table,
+        "deploy/crds plurals {plurals:?} != table {table:?}"
+    );
     for g in PERMISSIONS {
-        println!("{:?} {} {:?} {:?} {:?}\n    <- {}", g.scope, g.group, g.resources, g.verbs, g.names, g.code);
+        println!(
+            "{:?} {} {:?} {:?} {:?}\n    <- {}",
+            g.scope, g.group, g.resources, g.verbs, g.names, g.code
+        );
     }
     println!(
         "RBAC: {} permissions per watched namespace, {} in the operator namespace, all as in the table",
         watched.len(),
         operator.len()
+    );
+    Ok(())
+}
+
+/// Static: deploy/kustomization.yaml installs every CRD, the cluster-wide RBAC, the
+/// operator-namespace RBAC and the operator, and not the namespaced variant.
+#[test]
+fn kustomization_lists_the_cluster_wide_install() -> anyhow::Result<()> {
+    let kustomization = load_one("deploy/kustomization.yaml")?;
+    let listed: BTreeSet<String> = strings(&kustomization, "resources").into_iter().collect();
+    for rel in &listed {
+        ensure!(
+            root().join("deploy").join(rel).is_file(),
+            "deploy/kustomization.yaml lists missing {rel}"
+        );
+    }
+    let mut want = BTreeSet::new();
+    for dir in [
+        "crds",
+        "rbac/cluster",
+        "rbac/operator-namespace",
+        "operator",
+    ] {
+        for entry in std::fs::read_dir(root().join("deploy").join(dir))? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".yaml") {
+                want.insert(format!("{dir}/{name}"));
+            }
+        }
+    }
+    ensure!(
+        listed == want,
+        "deploy/kustomization.yaml resources {listed:?}, expected {want:?}"
     );
     Ok(())
 }
@@ -431,7 +581,10 @@ fn api_calls_in_host_src_match_the_table() -> anyhow::Result<()> {
         if !text.contains("kube::") && !text.contains("Api<") {
             continue;
         }
-        let rel = file.strip_prefix(&src)?.to_string_lossy().replace('\\', "/");
+        let rel = file
+            .strip_prefix(&src)?
+            .to_string_lossy()
+            .replace('\\', "/");
         for token in TOKENS {
             let n = text.matches(token).count();
             if n > 0 {
@@ -439,15 +592,23 @@ fn api_calls_in_host_src_match_the_table() -> anyhow::Result<()> {
             }
         }
     }
-    let want: BTreeMap<(String, String), usize> =
-        API_CALLS.iter().map(|(f, t, n)| (((*f).to_string(), (*t).to_string()), *n)).collect();
+    let want: BTreeMap<(String, String), usize> = API_CALLS
+        .iter()
+        .map(|(f, t, n)| (((*f).to_string(), (*t).to_string()), *n))
+        .collect();
     let changed: Vec<String> = found
         .keys()
         .chain(want.keys())
         .collect::<BTreeSet<_>>()
         .into_iter()
         .filter(|k| found.get(*k) != want.get(*k))
-        .map(|(f, t)| format!("host/src/{f}: `{t}` now {} (table: {})", found.get(&(f.clone(), t.clone())).unwrap_or(&0), want.get(&(f.clone(), t.clone())).unwrap_or(&0)))
+        .map(|(f, t)| {
+            format!(
+                "host/src/{f}: `{t}` now {} (table: {})",
+                found.get(&(f.clone(), t.clone())).unwrap_or(&0),
+                want.get(&(f.clone(), t.clone())).unwrap_or(&0)
+            )
+        })
         .collect();
     ensure!(
         changed.is_empty(),
@@ -459,13 +620,25 @@ fn api_calls_in_host_src_match_the_table() -> anyhow::Result<()> {
 }
 
 fn kubectl_output(mut cmd: Command, stdin: Option<&str>) -> anyhow::Result<String> {
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().context("running kubectl (build it with tests/cluster/build)")?;
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .context("running kubectl (build it with tests/cluster/build)")?;
     if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
         pipe.write_all(text.as_bytes())?;
     }
     let out = child.wait_with_output()?;
-    ensure!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
@@ -477,10 +650,17 @@ async fn deploy_manifests_pass_server_validation() -> anyhow::Result<()> {
     let env = TestEnv::new("rbac-deploy").await?;
     let mut cmd = env.kubectl();
     cmd.arg("kustomize").arg(root().join("deploy"));
-    let built = stateward::render::parse_documents(&kubectl_output(cmd, None)?, "kustomize output")?;
+    let built =
+        stateward::render::parse_documents(&kubectl_output(cmd, None)?, "kustomize output")?;
     let kinds: BTreeSet<String> = built
         .iter()
-        .map(|d| format!("{}/{}", d["kind"].as_str().unwrap_or_default(), d["metadata"]["name"].as_str().unwrap_or_default()))
+        .map(|d| {
+            format!(
+                "{}/{}",
+                d["kind"].as_str().unwrap_or_default(),
+                d["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
         .collect();
     for want in [
         "Namespace/stateward-system",
@@ -495,31 +675,71 @@ async fn deploy_manifests_pass_server_validation() -> anyhow::Result<()> {
         "CustomResourceDefinition/redisclusters.stateward.dev",
         "CustomResourceDefinition/elasticsearchclusters.stateward.dev",
     ] {
-        ensure!(kinds.contains(want), "kustomize deploy lacks {want}: {kinds:?}");
+        ensure!(
+            kinds.contains(want),
+            "kustomize deploy lacks {want}: {kinds:?}"
+        );
     }
-    let deployment = built.iter().find(|d| d["kind"] == "Deployment").context("no Deployment")?;
+    let deployment = built
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .context("no Deployment")?;
     let pod = &deployment["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     ensure!(deployment["spec"]["replicas"] == 2, "replicas");
-    ensure!(pod["serviceAccountName"] == "stateward", "serviceAccountName");
+    ensure!(
+        pod["serviceAccountName"] == "stateward",
+        "serviceAccountName"
+    );
     ensure!(container["args"][0] == "run", "args {}", container["args"]);
-    ensure!(strings(container, "args").iter().any(|a| a == "--http-addr=0.0.0.0:8080"), "args {}", container["args"]);
+    ensure!(
+        strings(container, "args")
+            .iter()
+            .any(|a| a == "--http-addr=0.0.0.0:8080"),
+        "args {}",
+        container["args"]
+    );
     let env_vars: BTreeMap<String, String> = container["env"]
         .as_array()
         .into_iter()
         .flatten()
         .map(|e| {
-            let field = e.pointer("/valueFrom/fieldRef/fieldPath").and_then(Value::as_str).unwrap_or_default();
-            (e["name"].as_str().unwrap_or_default().to_string(), field.to_string())
+            let field = e
+                .pointer("/valueFrom/fieldRef/fieldPath")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            (
+                e["name"].as_str().unwrap_or_default().to_string(),
+                field.to_string(),
+            )
         })
         .collect();
-    ensure!(env_vars.get("POD_NAME").map(String::as_str) == Some("metadata.name"), "POD_NAME {env_vars:?}");
-    ensure!(env_vars.get("POD_NAMESPACE").map(String::as_str) == Some("metadata.namespace"), "POD_NAMESPACE");
-    ensure!(container["livenessProbe"]["httpGet"]["path"] == "/healthz", "liveness");
-    ensure!(container["readinessProbe"]["httpGet"]["path"] == "/readyz", "readiness");
-    ensure!(container["securityContext"]["readOnlyRootFilesystem"] == true, "read-only root fs");
+    ensure!(
+        env_vars.get("POD_NAME").map(String::as_str) == Some("metadata.name"),
+        "POD_NAME {env_vars:?}"
+    );
+    ensure!(
+        env_vars.get("POD_NAMESPACE").map(String::as_str) == Some("metadata.namespace"),
+        "POD_NAMESPACE"
+    );
+    ensure!(
+        container["livenessProbe"]["httpGet"]["path"] == "/healthz",
+        "liveness"
+    );
+    ensure!(
+        container["readinessProbe"]["httpGet"]["path"] == "/readyz",
+        "readiness"
+    );
+    ensure!(
+        container["securityContext"]["readOnlyRootFilesystem"] == true,
+        "read-only root fs"
+    );
     ensure!(pod["securityContext"]["runAsNonRoot"] == true, "non-root");
-    ensure!(container["resources"]["requests"].is_object() && container["resources"]["limits"].is_object(), "resources");
+    ensure!(
+        container["resources"]["requests"].is_object()
+            && container["resources"]["limits"].is_object(),
+        "resources"
+    );
 
     let mut docs = String::new();
     for mut doc in built {
@@ -530,7 +750,16 @@ async fn deploy_manifests_pass_server_validation() -> anyhow::Result<()> {
         docs.push('\n');
     }
     let mut cmd = env.kubectl();
-    cmd.args(["apply", "--dry-run=server", "--server-side", "--force-conflicts", "--field-manager", "stateward-rbac-test", "-f", "-"]);
+    cmd.args([
+        "apply",
+        "--dry-run=server",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager",
+        "stateward-rbac-test",
+        "-f",
+        "-",
+    ]);
     let out = kubectl_output(cmd, Some(&docs))?;
     println!("server-side dry run of kustomize deploy:\n{out}");
     Ok(())
@@ -556,9 +785,13 @@ impl Operator {
 
     fn readyz(&self) -> bool {
         use std::io::Read as _;
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else { return false };
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        if s.write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+        if s.write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .is_err()
+        {
             return false;
         }
         let mut buf = String::new();
@@ -581,7 +814,11 @@ fn plugin_dir() -> anyhow::Result<PathBuf> {
     let dir = root().join("target/plugins");
     for p in ["postgres", "redis", "elasticsearch"] {
         let f = dir.join(format!("{p}.wasm"));
-        ensure!(f.is_file(), "{} is missing: build the plugins first with scripts/build-plugins", f.display());
+        ensure!(
+            f.is_file(),
+            "{} is missing: build the plugins first with scripts/build-plugins",
+            f.display()
+        );
     }
     Ok(dir)
 }
@@ -596,15 +833,22 @@ fn scratch(namespace: &str) -> anyhow::Result<PathBuf> {
 /// A kubeconfig for `token`, with the server and CA of the admin kubeconfig.
 fn token_kubeconfig(admin: &Path, token: &str, namespace: &str, out: &Path) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(admin)?;
-    let config = stateward::render::parse_documents(&text, "admin kubeconfig")?.into_iter().next().context("empty kubeconfig")?;
-    let current = config["current-context"].as_str().context("no current-context")?;
+    let config = stateward::render::parse_documents(&text, "admin kubeconfig")?
+        .into_iter()
+        .next()
+        .context("empty kubeconfig")?;
+    let current = config["current-context"]
+        .as_str()
+        .context("no current-context")?;
     let context = config["contexts"]
         .as_array()
         .into_iter()
         .flatten()
         .find(|c| c["name"] == current)
         .context("current context not found")?;
-    let cluster_name = context["context"]["cluster"].as_str().context("context without cluster")?;
+    let cluster_name = context["context"]["cluster"]
+        .as_str()
+        .context("context without cluster")?;
     let cluster = config["clusters"]
         .as_array()
         .into_iter()
@@ -629,8 +873,17 @@ fn token_kubeconfig(admin: &Path, token: &str, namespace: &str, out: &Path) -> a
     Ok(())
 }
 
-/// Whether the ServiceAccount may `verb` `group/resource` in `namespace` ("" = all namespaces).
-async fn may(env: &TestEnv, user: &str, groups: &[String], namespace: &str, group: &str, resource: &str, verb: &str, name: &str) -> anyhow::Result<bool> {
+/// (namespace or "" for all, apiGroup, resource[/subresource], verb, resourceName or "").
+type Access<'a> = (&'a str, &'a str, &'a str, &'a str, &'a str);
+
+/// Whether the ServiceAccount may do `access`, by a SubjectAccessReview.
+async fn may(
+    env: &TestEnv,
+    user: &str,
+    groups: &[String],
+    access: Access<'_>,
+) -> anyhow::Result<bool> {
+    let (namespace, group, resource, verb, name) = access;
     let (resource, subresource) = match resource.split_once('/') {
         Some((r, s)) => (r.to_string(), Some(s.to_string())),
         None => (resource.to_string(), None),
@@ -659,11 +912,17 @@ async fn may(env: &TestEnv, user: &str, groups: &[String], namespace: &str, grou
 
 /// Log lines where the API server refused the operator (RBAC says "forbidden").
 fn forbidden_lines(log: &str) -> Vec<String> {
-    log.lines().filter(|l| l.to_ascii_lowercase().contains("forbidden")).map(str::to_string).collect()
+    log.lines()
+        .filter(|l| l.to_ascii_lowercase().contains("forbidden"))
+        .map(str::to_string)
+        .collect()
 }
 
 fn redis_api(env: &TestEnv) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("stateward.dev", "v1", "RedisCluster"), "redisclusters");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("stateward.dev", "v1", "RedisCluster"),
+        "redisclusters",
+    );
     Api::namespaced_with(env.client.clone(), &env.namespace, &ar)
 }
 
@@ -677,7 +936,16 @@ async fn namespaced_role_is_enough() -> anyhow::Result<()> {
         // Leave nothing that blocks the namespace's deletion.
         let _ = env
             .kubectl()
-            .args(["-n", &env.namespace, "patch", "redisclusters", "cache", "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#])
+            .args([
+                "-n",
+                &env.namespace,
+                "patch",
+                "redisclusters",
+                "cache",
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ])
             .output();
     }
     result
@@ -687,7 +955,15 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
     let ns = env.namespace.clone();
     // CRDs (cluster-scoped) are the admin's job, as in the README's install.
     let mut cmd = env.kubectl();
-    cmd.args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-rbac-test", "-f"]).arg(root().join("deploy/crds"));
+    cmd.args([
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager",
+        "stateward-rbac-test",
+        "-f",
+    ])
+    .arg(root().join("deploy/crds"));
     kubectl_output(cmd, None)?;
     let mut cmd = env.kubectl();
     cmd.args(["wait", "--for=condition=Established", "--timeout=60s"])
@@ -696,57 +972,107 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
 
     // The operator's identity, bound only to the shipped namespaced Roles (moved into this namespace).
     let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "stateward"}}))?;
-    env.api::<ServiceAccount>().create(&PostParams::default(), &sa).await?;
+    env.api::<ServiceAccount>()
+        .create(&PostParams::default(), &sa)
+        .await?;
     let subjects = json!([{"kind": "ServiceAccount", "name": "stateward", "namespace": ns}]);
     for (role_file, binding_file) in [
-        ("deploy/rbac/namespaced/role.yaml", "deploy/rbac/namespaced/rolebinding.yaml"),
-        ("deploy/rbac/operator-namespace/role.yaml", "deploy/rbac/operator-namespace/rolebinding.yaml"),
+        (
+            "deploy/rbac/namespaced/role.yaml",
+            "deploy/rbac/namespaced/rolebinding.yaml",
+        ),
+        (
+            "deploy/rbac/operator-namespace/role.yaml",
+            "deploy/rbac/operator-namespace/rolebinding.yaml",
+        ),
     ] {
         let mut role = load_one(role_file)?;
         role["metadata"]["namespace"] = json!(ns);
-        env.api::<Role>().create(&PostParams::default(), &serde_json::from_value(role)?).await?;
+        env.api::<Role>()
+            .create(&PostParams::default(), &serde_json::from_value(role)?)
+            .await?;
         let mut binding = load_one(binding_file)?;
         binding["metadata"]["namespace"] = json!(ns);
         binding["subjects"] = subjects.clone();
-        env.api::<RoleBinding>().create(&PostParams::default(), &serde_json::from_value(binding)?).await?;
+        env.api::<RoleBinding>()
+            .create(&PostParams::default(), &serde_json::from_value(binding)?)
+            .await?;
     }
 
     // What the API server's authorizer says, row by row, and a few things it must refuse.
     let user = format!("system:serviceaccount:{ns}:stateward");
-    let groups = vec!["system:serviceaccounts".to_string(), format!("system:serviceaccounts:{ns}"), "system:authenticated".to_string()];
+    let groups = vec![
+        "system:serviceaccounts".to_string(),
+        format!("system:serviceaccounts:{ns}"),
+        "system:authenticated".to_string(),
+    ];
     let started = Instant::now();
-    while !may(env, &user, &groups, &ns, "apps", "statefulsets", "list", "").await? {
-        ensure!(started.elapsed() < Duration::from_secs(20), "the Role never took effect");
+    while !may(
+        env,
+        &user,
+        &groups,
+        (&ns, "apps", "statefulsets", "list", ""),
+    )
+    .await?
+    {
+        ensure!(
+            started.elapsed() < Duration::from_secs(20),
+            "the Role never took effect"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let mut checked = 0;
     for scope in [Scope::Watched, Scope::Operator] {
         for (g, r, v, n) in expected(scope) {
-            ensure!(may(env, &user, &groups, &ns, &g, &r, &v, &n).await?, "table grants {v} {g}/{r} {n} but the API server denies it");
+            ensure!(
+                may(env, &user, &groups, (&ns, &g, &r, &v, &n)).await?,
+                "table grants {v} {g}/{r} {n} but the API server denies it"
+            );
             checked += 1;
         }
     }
-    for (namespace, group, resource, verb, name) in [
+    let denied: [Access<'_>; 9] = [
         ("", "apps", "statefulsets", "list", ""),
         ("", "stateward.dev", "redisclusters", "watch", ""),
         ("default", "", "secrets", "list", ""),
         (ns.as_str(), "", "secrets", "get", ""),
         (ns.as_str(), "apps", "statefulsets", "update", ""),
         (ns.as_str(), "stateward.dev", "redisclusters", "delete", ""),
-        (ns.as_str(), "coordination.k8s.io", "leases", "update", "someone-else"),
+        (
+            ns.as_str(),
+            "coordination.k8s.io",
+            "leases",
+            "update",
+            "someone-else",
+        ),
         (ns.as_str(), "", "pods", "list", ""),
-        ("", "apiextensions.k8s.io", "customresourcedefinitions", "get", ""),
-    ] {
+        (
+            "",
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            "get",
+            "",
+        ),
+    ];
+    for access in denied {
+        let (namespace, group, resource, verb, name) = access;
         ensure!(
-            !may(env, &user, &groups, namespace, group, resource, verb, name).await?,
+            !may(env, &user, &groups, access).await?,
             "the ServiceAccount may {verb} {group}/{resource} {name} in {namespace:?}: more than the Role should give"
         );
     }
-    println!("authorizer: {checked} table permissions allowed, 9 outside it denied");
+    println!(
+        "authorizer: {checked} table permissions allowed, {} outside it denied",
+        denied.len()
+    );
 
     // A token for the ServiceAccount, in a kubeconfig the operator runs with.
     let request = TokenRequest {
-        spec: TokenRequestSpec { audiences: Vec::new(), expiration_seconds: Some(3600), ..TokenRequestSpec::default() },
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
         ..TokenRequest::default()
     };
     let token = env
@@ -760,7 +1086,9 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
     let kubeconfig = dir.join("kubeconfig");
     token_kubeconfig(env.kubeconfig(), &token, &ns, &kubeconfig)?;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let log = dir.join("operator.log");
     let file = std::fs::File::create(&log)?;
     let child = Command::new(env!("CARGO_BIN_EXE_stateward"))
@@ -769,7 +1097,16 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
         .env_remove("POD_NAMESPACE")
         .env_remove("POD_NAME")
         .env_remove("KUBERNETES_SERVICE_HOST")
-        .args(["run", "--namespace", &ns, "--lease-namespace", &ns, "--identity", "rbac-test", "--plain-logs"])
+        .args([
+            "run",
+            "--namespace",
+            &ns,
+            "--lease-namespace",
+            &ns,
+            "--identity",
+            "rbac-test",
+            "--plain-logs",
+        ])
         .args(["--http-addr", &format!("127.0.0.1:{port}")])
         .arg("--audit-log")
         .arg(dir.join("audit.jsonl"))
@@ -791,13 +1128,21 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
         if let Some(status) = operator.child.try_wait()? {
             bail!("operator exited with {status}:\n{}", operator.tail(40));
         }
-        ensure!(started.elapsed() < Duration::from_secs(120), "operator not ready within 120 s:\n{}", operator.tail(40));
+        ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "operator not ready within 120 s:\n{}",
+            operator.tail(40)
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    println!("operator ready (leader, caches synced) after {:.1?}", started.elapsed());
+    println!(
+        "operator ready (leader, caches synced) after {:.1?}",
+        started.elapsed()
+    );
 
     let mut cmd = env.kubectl();
-    cmd.args(["-n", &ns, "apply", "-f"]).arg(root().join("deploy/samples/redis.yaml"));
+    cmd.args(["-n", &ns, "apply", "-f"])
+        .arg(root().join("deploy/samples/redis.yaml"));
     kubectl_output(cmd, None)?;
     let applied = Instant::now();
     let crs = redis_api(env);
@@ -811,14 +1156,21 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
             .flatten()
             .any(|c| c["type"] == "Available" && c["status"] == "True");
         if available && status["readyReplicas"] == 3 {
-            println!("RedisCluster cache Available with 3 ready replicas {:.1?} after apply", applied.elapsed());
+            println!(
+                "RedisCluster cache Available with 3 ready replicas {:.1?} after apply",
+                applied.elapsed()
+            );
             break;
         }
         if let Some(status) = operator.child.try_wait()? {
             bail!("operator exited with {status}:\n{}", operator.tail(40));
         }
         let refused = forbidden_lines(&operator.log_text());
-        ensure!(refused.is_empty(), "the operator was refused something:\n{}", refused.join("\n"));
+        ensure!(
+            refused.is_empty(),
+            "the operator was refused something:\n{}",
+            refused.join("\n")
+        );
         ensure!(
             applied.elapsed() < deadline,
             "RedisCluster not Available with 3 ready within {deadline:?}; status {status}\n{}",
@@ -828,7 +1180,10 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
     }
 
     // The writes the Role allows really happened: the secret was created, events published.
-    let secrets = env.api::<Secret>().list(&ListParams::default().labels("stateward.dev/instance=cache")).await?;
+    let secrets = env
+        .api::<Secret>()
+        .list(&ListParams::default().labels("stateward.dev/instance=cache"))
+        .await?;
     ensure!(!secrets.items.is_empty(), "no Secret created for cache");
     let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
     let ours = events
@@ -848,13 +1203,26 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
     crs.delete("cache", &Default::default()).await?;
     let started = Instant::now();
     while crs.get_opt("cache").await?.is_some() {
-        ensure!(started.elapsed() < Duration::from_secs(90), "RedisCluster not finalized within 90 s:\n{}", operator.tail(40));
+        ensure!(
+            started.elapsed() < Duration::from_secs(90),
+            "RedisCluster not finalized within 90 s:\n{}",
+            operator.tail(40)
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    println!("RedisCluster cache finalized and gone {:.1?} after delete", started.elapsed());
+    println!(
+        "RedisCluster cache finalized and gone {:.1?} after delete",
+        started.elapsed()
+    );
     // retentionPolicy: Delete, so the operator deleted the claims (they may linger a moment
     // under the pvc-protection finalizer until their pods are gone).
-    while let Some(left) = pvcs.list(&by_instance).await?.items.iter().find(|c| c.metadata.deletion_timestamp.is_none()) {
+    while let Some(left) = pvcs
+        .list(&by_instance)
+        .await?
+        .items
+        .iter()
+        .find(|c| c.metadata.deletion_timestamp.is_none())
+    {
         ensure!(
             started.elapsed() < Duration::from_secs(60),
             "PVC {} not deleted with retentionPolicy Delete:\n{}",
@@ -867,8 +1235,19 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
 
     let text = operator.log_text();
     let forbidden = forbidden_lines(&text);
-    ensure!(forbidden.is_empty(), "the operator was refused something:\n{}", forbidden.join("\n"));
-    ensure!(text.contains("became leader"), "no leadership in the log:\n{}", operator.tail(20));
-    println!("operator log: {} lines, none forbidden; {ours} events published", text.lines().count());
+    ensure!(
+        forbidden.is_empty(),
+        "the operator was refused something:\n{}",
+        forbidden.join("\n")
+    );
+    ensure!(
+        text.contains("became leader"),
+        "no leadership in the log:\n{}",
+        operator.tail(20)
+    );
+    println!(
+        "operator log: {} lines, none forbidden; {ours} events published",
+        text.lines().count()
+    );
     Ok(())
 }
