@@ -24,9 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{ListParams, PostParams};
@@ -274,18 +272,13 @@ fn root() -> PathBuf {
 
 fn load(rel: &str) -> anyhow::Result<Vec<Value>> {
     let path = root().join(rel);
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     Ok(stateward::render::parse_documents(&text, rel)?)
 }
 
 fn load_one(rel: &str) -> anyhow::Result<Value> {
     let mut docs = load(rel)?;
-    ensure!(
-        docs.len() == 1,
-        "{rel}: expected one document, found {}",
-        docs.len()
-    );
+    ensure!(docs.len() == 1, "{rel}: expected one document, found {}", docs.len());
     Ok(docs.remove(0))
 }
 
@@ -302,18 +295,9 @@ fn expected(scope: Scope) -> BTreeSet<Perm> {
                 g.group
             };
             for v in g.verbs {
-                let names: Vec<&str> = if g.names.is_empty() {
-                    vec![""]
-                } else {
-                    g.names.to_vec()
-                };
+                let names: Vec<&str> = if g.names.is_empty() { vec![""] } else { g.names.to_vec() };
                 for n in names {
-                    out.insert((
-                        group.to_string(),
-                        (*r).to_string(),
-                        (*v).to_string(),
-                        n.to_string(),
-                    ));
+                    out.insert((group.to_string(), (*r).to_string(), (*v).to_string(), n.to_string()));
                 }
             }
         }
@@ -324,12 +308,7 @@ fn expected(scope: Scope) -> BTreeSet<Perm> {
 fn strings(v: &Value, key: &str) -> Vec<String> {
     v.get(key)
         .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
         .unwrap_or_default()
 }
 
@@ -337,9 +316,7 @@ fn strings(v: &Value, key: &str) -> Vec<String> {
 /// non-resource URLs.
 fn granted(role: &Value, what: &str) -> anyhow::Result<BTreeSet<Perm>> {
     let mut out = BTreeSet::new();
-    let rules = role["rules"]
-        .as_array()
-        .with_context(|| format!("{what}: no rules"))?;
+    let rules = role["rules"].as_array().with_context(|| format!("{what}: no rules"))?;
     for rule in rules {
         ensure!(
             rule.get("nonResourceURLs").is_none(),
@@ -407,9 +384,7 @@ fn rbac_yaml_grants_exactly_the_table() -> anyhow::Result<()> {
     let operator = expected(Scope::Operator);
 
     let cluster_role = load_one("deploy/rbac/cluster/clusterrole.yaml")?;
-    ensure!(
-        cluster_role["kind"] == "ClusterRole" && cluster_role["metadata"]["name"] == "stateward"
-    );
+    ensure!(cluster_role["kind"] == "ClusterRole" && cluster_role["metadata"]["name"] == "stateward");
     ensure!(
         cluster_role.get("aggregationRule").is_none(),
         "the ClusterRole must not aggregate others"
@@ -430,9 +405,7 @@ fn rbac_yaml_grants_exactly_the_table() -> anyhow::Result<()> {
     )?;
 
     let lease_role = load_one("deploy/rbac/operator-namespace/role.yaml")?;
-    ensure!(
-        lease_role["kind"] == "Role" && lease_role["metadata"]["namespace"] == "stateward-system"
-    );
+    ensure!(lease_role["kind"] == "Role" && lease_role["metadata"]["namespace"] == "stateward-system");
     diff(
         "deploy/rbac/operator-namespace/role.yaml",
         &granted(&lease_role, "Role stateward-leader-election")?,
@@ -467,10 +440,7 @@ fn rbac_yaml_grants_exactly_the_table() -> anyhow::Result<()> {
             "Secrets {v} must not be granted"
         );
         ensure!(
-            !matches!(
-                v.as_str(),
-                "escalate" | "bind" | "impersonate" | "deletecollection"
-            ),
+            !matches!(v.as_str(), "escalate" | "bind" | "impersonate" | "deletecollection"),
             "verb {v} on {g}/{r}"
         );
         ensure!(
@@ -486,9 +456,7 @@ fn rbac_yaml_grants_exactly_the_table() -> anyhow::Result<()> {
         if path.extension().is_some_and(|e| e == "yaml") {
             let rel = format!(
                 "deploy/crds/{}",
-                path.file_name()
-                    .and_then(|f| f.to_str())
-                    .unwrap_or_default()
+                path.file_name().and_then(|f| f.to_str()).unwrap_or_default()
             );
             let crd = load_one(&rel)?;
             ensure!(crd["spec"]["group"] == "stateward.dev", "{rel}: group");
@@ -496,19 +464,11 @@ fn rbac_yaml_grants_exactly_the_table() -> anyhow::Result<()> {
                 crd["spec"]["scope"] == "Namespaced",
                 "{rel}: a cluster-scoped CRD needs a ClusterRole in namespaced mode"
             );
-            plurals.insert(
-                crd["spec"]["names"]["plural"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            );
+            plurals.insert(crd["spec"]["names"]["plural"].as_str().unwrap_or_default().to_string());
         }
     }
     let table: BTreeSet<String> = CRS.iter().map(|s| (*s).to_string()).collect();
-    ensure!(
-        plurals == table,
-        "deploy/crds plurals {plurals:?} != table {table:?}"
-    );
+    ensure!(plurals == table, "deploy/crds plurals {plurals:?} != table {table:?}");
     for g in PERMISSIONS {
         println!(
             "{:?} {} {:?} {:?} {:?}\n    <- {}",
@@ -536,12 +496,7 @@ fn kustomization_lists_the_cluster_wide_install() -> anyhow::Result<()> {
         );
     }
     let mut want = BTreeSet::new();
-    for dir in [
-        "crds",
-        "rbac/cluster",
-        "rbac/operator-namespace",
-        "operator",
-    ] {
+    for dir in ["crds", "rbac/cluster", "rbac/operator-namespace", "operator"] {
         for entry in std::fs::read_dir(root().join("deploy").join(dir))? {
             let name = entry?.file_name().to_string_lossy().into_owned();
             if name.ends_with(".yaml") {
@@ -581,10 +536,7 @@ fn api_calls_in_host_src_match_the_table() -> anyhow::Result<()> {
         if !text.contains("kube::") && !text.contains("Api<") {
             continue;
         }
-        let rel = file
-            .strip_prefix(&src)?
-            .to_string_lossy()
-            .replace('\\', "/");
+        let rel = file.strip_prefix(&src)?.to_string_lossy().replace('\\', "/");
         for token in TOKENS {
             let n = text.matches(token).count();
             if n > 0 {
@@ -620,13 +572,9 @@ fn api_calls_in_host_src_match_the_table() -> anyhow::Result<()> {
 }
 
 fn kubectl_output(mut cmd: Command, stdin: Option<&str>) -> anyhow::Result<String> {
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd
         .spawn()
         .context("running kubectl (build it with tests/cluster/build)")?;
@@ -650,8 +598,7 @@ async fn deploy_manifests_pass_server_validation() -> anyhow::Result<()> {
     let env = TestEnv::new("rbac-deploy").await?;
     let mut cmd = env.kubectl();
     cmd.arg("kustomize").arg(root().join("deploy"));
-    let built =
-        stateward::render::parse_documents(&kubectl_output(cmd, None)?, "kustomize output")?;
+    let built = stateward::render::parse_documents(&kubectl_output(cmd, None)?, "kustomize output")?;
     let kinds: BTreeSet<String> = built
         .iter()
         .map(|d| {
@@ -675,10 +622,7 @@ async fn deploy_manifests_pass_server_validation() -> anyhow::Result<()> {
         "CustomResourceDefinition/redisclusters.stateward.dev",
         "CustomResourceDefinition/elasticsearchclusters.stateward.dev",
     ] {
-        ensure!(
-            kinds.contains(want),
-            "kustomize deploy lacks {want}: {kinds:?}"
-        );
+        ensure!(kinds.contains(want), "kustomize deploy lacks {want}: {kinds:?}");
     }
     let deployment = built
         .iter()
@@ -687,10 +631,7 @@ async fn deploy_manifests_pass_server_validation() -> anyhow::Result<()> {
     let pod = &deployment["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     ensure!(deployment["spec"]["replicas"] == 2, "replicas");
-    ensure!(
-        pod["serviceAccountName"] == "stateward",
-        "serviceAccountName"
-    );
+    ensure!(pod["serviceAccountName"] == "stateward", "serviceAccountName");
     ensure!(container["args"][0] == "run", "args {}", container["args"]);
     ensure!(
         strings(container, "args")
@@ -708,10 +649,7 @@ async fn deploy_manifests_pass_server_validation() -> anyhow::Result<()> {
                 .pointer("/valueFrom/fieldRef/fieldPath")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            (
-                e["name"].as_str().unwrap_or_default().to_string(),
-                field.to_string(),
-            )
+            (e["name"].as_str().unwrap_or_default().to_string(), field.to_string())
         })
         .collect();
     ensure!(
@@ -722,22 +660,15 @@ async fn deploy_manifests_pass_server_validation() -> anyhow::Result<()> {
         env_vars.get("POD_NAMESPACE").map(String::as_str) == Some("metadata.namespace"),
         "POD_NAMESPACE"
     );
-    ensure!(
-        container["livenessProbe"]["httpGet"]["path"] == "/healthz",
-        "liveness"
-    );
-    ensure!(
-        container["readinessProbe"]["httpGet"]["path"] == "/readyz",
-        "readiness"
-    );
+    ensure!(container["livenessProbe"]["httpGet"]["path"] == "/healthz", "liveness");
+    ensure!(container["readinessProbe"]["httpGet"]["path"] == "/readyz", "readiness");
     ensure!(
         container["securityContext"]["readOnlyRootFilesystem"] == true,
         "read-only root fs"
     );
     ensure!(pod["securityContext"]["runAsNonRoot"] == true, "non-root");
     ensure!(
-        container["resources"]["requests"].is_object()
-            && container["resources"]["limits"].is_object(),
+        container["resources"]["requests"].is_object() && container["resources"]["limits"].is_object(),
         "resources"
     );
 
@@ -789,9 +720,7 @@ impl Operator {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        if s.write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-            .is_err()
-        {
+        if s.write_all(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
             return false;
         }
         let mut buf = String::new();
@@ -837,9 +766,7 @@ fn token_kubeconfig(admin: &Path, token: &str, namespace: &str, out: &Path) -> a
         .into_iter()
         .next()
         .context("empty kubeconfig")?;
-    let current = config["current-context"]
-        .as_str()
-        .context("no current-context")?;
+    let current = config["current-context"].as_str().context("no current-context")?;
     let context = config["contexts"]
         .as_array()
         .into_iter()
@@ -877,12 +804,7 @@ fn token_kubeconfig(admin: &Path, token: &str, namespace: &str, out: &Path) -> a
 type Access<'a> = (&'a str, &'a str, &'a str, &'a str, &'a str);
 
 /// Whether the ServiceAccount may do `access`, by a SubjectAccessReview.
-async fn may(
-    env: &TestEnv,
-    user: &str,
-    groups: &[String],
-    access: Access<'_>,
-) -> anyhow::Result<bool> {
+async fn may(env: &TestEnv, user: &str, groups: &[String], access: Access<'_>) -> anyhow::Result<bool> {
     let (namespace, group, resource, verb, name) = access;
     let (resource, subresource) = match resource.split_once('/') {
         Some((r, s)) => (r.to_string(), Some(s.to_string())),
@@ -972,9 +894,7 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
 
     // The operator's identity, bound only to the shipped namespaced Roles (moved into this namespace).
     let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "stateward"}}))?;
-    env.api::<ServiceAccount>()
-        .create(&PostParams::default(), &sa)
-        .await?;
+    env.api::<ServiceAccount>().create(&PostParams::default(), &sa).await?;
     let subjects = json!([{"kind": "ServiceAccount", "name": "stateward", "namespace": ns}]);
     for (role_file, binding_file) in [
         (
@@ -1007,14 +927,7 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
         "system:authenticated".to_string(),
     ];
     let started = Instant::now();
-    while !may(
-        env,
-        &user,
-        &groups,
-        (&ns, "apps", "statefulsets", "list", ""),
-    )
-    .await?
-    {
+    while !may(env, &user, &groups, (&ns, "apps", "statefulsets", "list", "")).await? {
         ensure!(
             started.elapsed() < Duration::from_secs(20),
             "the Role never took effect"
@@ -1038,21 +951,9 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
         (ns.as_str(), "", "secrets", "get", ""),
         (ns.as_str(), "apps", "statefulsets", "update", ""),
         (ns.as_str(), "stateward.dev", "redisclusters", "delete", ""),
-        (
-            ns.as_str(),
-            "coordination.k8s.io",
-            "leases",
-            "update",
-            "someone-else",
-        ),
+        (ns.as_str(), "coordination.k8s.io", "leases", "update", "someone-else"),
         (ns.as_str(), "", "pods", "list", ""),
-        (
-            "",
-            "apiextensions.k8s.io",
-            "customresourcedefinitions",
-            "get",
-            "",
-        ),
+        ("", "apiextensions.k8s.io", "customresourcedefinitions", "get", ""),
     ];
     for access in denied {
         let (namespace, group, resource, verb, name) = access;
@@ -1086,9 +987,7 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
     let kubeconfig = dir.join("kubeconfig");
     token_kubeconfig(env.kubeconfig(), &token, &ns, &kubeconfig)?;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let log = dir.join("operator.log");
     let file = std::fs::File::create(&log)?;
     let child = Command::new(env!("CARGO_BIN_EXE_stateward"))
@@ -1135,10 +1034,7 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    println!(
-        "operator ready (leader, caches synced) after {:.1?}",
-        started.elapsed()
-    );
+    println!("operator ready (leader, caches synced) after {:.1?}", started.elapsed());
 
     let mut cmd = env.kubectl();
     cmd.args(["-n", &ns, "apply", "-f"])
