@@ -32,6 +32,7 @@ fn sts_api(env: &TestEnv) -> Api<StatefulSet> {
 
 async fn lifecycle(kind: Kind) {
     let env = TestEnv::new(&format!("e2e-life-{}", &kind.plural[..5])).await.expect("test env");
+    let _teardown_env = Teardown::new(&env);
     let mut op = Operator::start(&env, &format!("life-{}", kind.plural));
     op.wait_ready(START).await;
     let name = "lc";
@@ -219,6 +220,7 @@ async fn lifecycle_elasticsearch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_server_rejects_invalid_specs() {
     let env = TestEnv::new("e2e-reject").await.expect("test env");
+    let _teardown_env = Teardown::new(&env);
     prepare(&env);
     for kind in KINDS {
         for replicas in [0, 51] {
@@ -297,6 +299,7 @@ async fn wait_children_collected(env: &TestEnv, name: &str) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_retain_keeps_claims_and_delete_removes_them() {
     let env = TestEnv::new("e2e-retain").await.expect("test env");
+    let _teardown_env = Teardown::new(&env);
     let mut op = Operator::start(&env, "retain");
     op.wait_ready(START).await;
     let kind = POSTGRES;
@@ -422,6 +425,7 @@ fn reconciles(op: &Operator) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converged_resource_reconciled_again_makes_zero_writes() {
     let env = TestEnv::new("e2e-zero").await.expect("test env");
+    let _teardown_env = Teardown::new(&env);
     prepare(&env);
     let dir = tempdir::Dir::new("e2e-zero");
     let sa = "stateward-op";
@@ -495,6 +499,7 @@ async fn converged_resource_reconciled_again_makes_zero_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_scale_then_restart_converges() {
     let env = TestEnv::new("e2e-kill").await.expect("test env");
+    let _teardown_env = Teardown::new(&env);
     let mut op = Operator::start(&env, "kill-1");
     op.wait_ready(START).await;
     let kind = POSTGRES;
@@ -541,6 +546,7 @@ async fn sigkill_mid_scale_then_restart_converges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_deleted_while_down_are_restored_after_restart() {
     let env = TestEnv::new("e2e-down").await.expect("test env");
+    let _teardown_env = Teardown::new(&env);
     let mut op = Operator::start(&env, "down-1");
     op.wait_ready(START).await;
     let kind = POSTGRES;
@@ -581,7 +587,9 @@ async fn children_deleted_while_down_are_restored_after_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_mode_ignores_other_namespaces() {
     let env = TestEnv::new("e2e-ns-mine").await.expect("test env");
+    let _teardown_env = Teardown::new(&env);
     let other = TestEnv::new("e2e-ns-other").await.expect("second namespace");
+    let _teardown_other = Teardown::new(&other);
     prepare(&env);
     let dir = tempdir::Dir::new("e2e-ns");
     let kubeconfig = namespaced_operator_kubeconfig(&env, &dir.0, "stateward-ns", Rbac::Project);
@@ -633,6 +641,7 @@ async fn namespace_mode_ignores_other_namespaces() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_failover_within_20s() {
     let env = TestEnv::new("e2e-leader").await.expect("test env");
+    let _teardown_env = Teardown::new(&env);
     let opts = |id: &str| OperatorOpts {
         namespace: env.namespace.clone(),
         lease_namespace: env.namespace.clone(),

@@ -703,3 +703,43 @@ impl Drop for ReadyFloor {
         self.task.abort();
     }
 }
+
+/// Frees a test namespace for deletion when the test ends: the operator is gone by then, so
+/// the finalizers of the custom resources are stripped (else the namespace would hang in
+/// Terminating and its claims would hold the cluster's small volume pool forever). On a
+/// failure the namespace is deleted too (its operator log was printed), unless
+/// `STATEWARD_KEEP_NAMESPACES=1`: kept namespaces would drain the shared volume pool.
+/// Declare it right after the `TestEnv` so it runs first.
+pub struct Teardown<'a> {
+    env: &'a TestEnv,
+    namespace: String,
+}
+
+impl<'a> Teardown<'a> {
+    pub fn new(env: &'a TestEnv) -> Teardown<'a> {
+        Teardown { env, namespace: env.namespace.clone() }
+    }
+}
+
+impl Drop for Teardown<'_> {
+    fn drop(&mut self) {
+        if std::env::var_os("STATEWARD_KEEP_NAMESPACES").is_some_and(|v| v == "1") {
+            return;
+        }
+        let quiet = |cmd: &mut Command| {
+            let _ = cmd.stdout(Stdio::null()).stderr(Stdio::null()).status();
+        };
+        for kind in KINDS {
+            let Ok(out) = self.env.kubectl().args(["get", kind.plural, "-n", &self.namespace, "-o", "name"]).output() else {
+                continue;
+            };
+            for obj in String::from_utf8_lossy(&out.stdout).lines() {
+                quiet(self.env.kubectl().args(["patch", "-n", &self.namespace, obj, "--type", "merge", "-p", r#"{"metadata":{"finalizers":null}}"#]));
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!("e2e: deleting namespace {} of the failed test (STATEWARD_KEEP_NAMESPACES=1 keeps it)", self.namespace);
+            quiet(self.env.kubectl().args(["delete", "namespace", &self.namespace, "--wait=false", "--ignore-not-found"]));
+        }
+    }
+}
