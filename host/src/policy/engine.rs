@@ -152,7 +152,10 @@ impl PolicyEngine {
         tests.dedup();
         for (file, doc) in bundle.data_documents()? {
             engine
-                .add_data(regorus::Value::from(doc))
+                .add_data(to_rego(&doc).map_err(|e| PolicyError::LoadData {
+                    file: file.clone(),
+                    message: e.to_string(),
+                })?)
                 .map_err(|e| PolicyError::LoadData {
                     file,
                     message: e.to_string(),
@@ -277,7 +280,15 @@ impl PolicyEngine {
             out.error = Some(format!("bundle has no package {}", point.package()));
             return out;
         }
-        let input = regorus::Value::from(input.clone());
+        // Deserialize straight from the borrowed JSON tree (no clone). regorus' `From` impl
+        // would turn a conversion failure into an undefined input, i.e. fail open.
+        let input = match to_rego(input) {
+            Ok(v) => v,
+            Err(e) => {
+                out.error = Some(format!("converting input: {e}"));
+                return out;
+            }
+        };
         let deny_path = format!("{}.deny", point.package());
         let warn_path = format!("{}.warn", point.package());
         let with_warn = self.has_warn.contains(&point);
@@ -377,7 +388,7 @@ impl PolicyEngine {
             message,
         };
         let mut engine = self.engine.clone();
-        engine.set_input(regorus::Value::from(input.clone()));
+        engine.set_input(to_rego(input).map_err(|e| err(format!("converting input: {e}")))?);
         let results = engine
             .eval_query(path.to_string(), false)
             .map_err(|e| err(e.to_string()))?;
@@ -415,6 +426,10 @@ impl PolicyEngine {
             })
             .collect()
     }
+}
+
+fn to_rego(v: &serde_json::Value) -> Result<regorus::Value, serde_json::Error> {
+    <regorus::Value as serde::Deserialize>::deserialize(v)
 }
 
 /// A set (or array) of strings as sorted strings; anything else is `None`.
