@@ -31,7 +31,9 @@ fn sts_api(env: &TestEnv) -> Api<StatefulSet> {
 // ---------------------------------------------------------------------------------------
 
 async fn lifecycle(kind: Kind) {
-    let env = TestEnv::new(&format!("e2e-life-{}", &kind.plural[..5])).await.expect("test env");
+    let env = TestEnv::new(&format!("e2e-life-{}", &kind.plural[..5]))
+        .await
+        .expect("test env");
     let _teardown_env = Teardown::new(&env);
     let mut op = Operator::start(&env, &format!("life-{}", kind.plural));
     op.wait_ready(START).await;
@@ -43,81 +45,199 @@ async fn lifecycle(kind: Kind) {
     // create
     apply(&env, &env.namespace, &kind.manifest(name, 3, "Delete"));
     let took = wait_running(&env, kind, name, 3, CONVERGE).await;
-    eprintln!("e2e[{}]: create → Running 3/3 in {took:.1?}; phases {:?}", kind.kind, rec.seen());
+    eprintln!(
+        "e2e[{}]: create → Running 3/3 in {took:.1?}; phases {:?}",
+        kind.kind,
+        rec.seen()
+    );
     // Phases that do not describe what happened are collected and asserted at the end, so
     // the rest of the lifecycle is still checked.
     let mut wrong_phases = Vec::new();
-    check_phases(&mut wrong_phases, "create", &rec.seen(), &["", "Pending", "Running"]);
+    check_phases(
+        &mut wrong_phases,
+        "create",
+        &rec.seen(),
+        &["", "Pending", "Running"],
+    );
     let cr = get_cr(&api, name).await.expect("CR");
-    assert!(cr["metadata"]["finalizers"].as_array().is_some_and(|f| f.iter().any(|x| x == FINALIZER)), "no finalizer: {cr}");
-    assert_eq!(condition(&cr, "Progressing"), Some("False"), "{}", summary(&cr));
-    assert_eq!(condition(&cr, "Degraded"), Some("False"), "{}", summary(&cr));
-    assert_eq!(child_names(&env, &env.namespace, "statefulsets", name).len(), 1);
+    assert!(
+        cr["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|x| x == FINALIZER)),
+        "no finalizer: {cr}"
+    );
+    assert_eq!(
+        condition(&cr, "Progressing"),
+        Some("False"),
+        "{}",
+        summary(&cr)
+    );
+    assert_eq!(
+        condition(&cr, "Degraded"),
+        Some("False"),
+        "{}",
+        summary(&cr)
+    );
+    assert_eq!(
+        child_names(&env, &env.namespace, "statefulsets", name).len(),
+        1
+    );
     assert!(!child_names(&env, &env.namespace, "services", name).is_empty());
-    assert_eq!(child_names(&env, &env.namespace, "configmaps", name).len(), 1);
+    assert_eq!(
+        child_names(&env, &env.namespace, "configmaps", name).len(),
+        1
+    );
     assert_eq!(child_names(&env, &env.namespace, "secrets", name).len(), 1);
     let pdb: Api<PodDisruptionBudget> = env.api();
-    let pdb = pdb.get(name).await.expect("PodDisruptionBudget named like the CR");
+    let pdb = pdb
+        .get(name)
+        .await
+        .expect("PodDisruptionBudget named like the CR");
     assert_eq!(
         pdb.spec.as_ref().and_then(|s| s.max_unavailable.clone()),
         Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
     );
-    let (bound, _) = wait_for("3 PVCs Bound", Duration::from_secs(30), || pvcs_bound(&env, name)).await;
+    let (bound, _) = wait_for("3 PVCs Bound", Duration::from_secs(30), || {
+        pvcs_bound(&env, name)
+    })
+    .await;
     assert_eq!(bound, 3);
 
     // printer columns
-    let out = env.kubectl().args(["get", kind.plural, "-n", &env.namespace, "-o", "wide"]).output().expect("kubectl");
+    let out = env
+        .kubectl()
+        .args(["get", kind.plural, "-n", &env.namespace, "-o", "wide"])
+        .output()
+        .expect("kubectl");
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     eprintln!("e2e[{}]: kubectl get -o wide:\n{text}", kind.kind);
     let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
     assert_eq!(
         header,
-        ["NAME", "PHASE", "READY", "VERSION", "AGE", "AVAILABLE", "PROGRESSING", "DEGRADED"],
+        [
+            "NAME",
+            "PHASE",
+            "READY",
+            "VERSION",
+            "AGE",
+            "AVAILABLE",
+            "PROGRESSING",
+            "DEGRADED"
+        ],
         "printer columns"
     );
-    let row: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
+    let row: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
     assert_eq!(row.len(), header.len(), "{text}");
-    assert_eq!((row[0], row[1], row[2], row[3]), (name, "Running", "3", kind.version), "{text}");
-    assert_eq!((row[5], row[6], row[7]), ("True", "False", "False"), "{text}");
+    assert_eq!(
+        (row[0], row[1], row[2], row[3]),
+        (name, "Running", "3", kind.version),
+        "{text}"
+    );
+    assert_eq!(
+        (row[5], row[6], row[7]),
+        ("True", "False", "False"),
+        "{text}"
+    );
 
     // scale up
     rec.clear();
-    patch_ok(&env, &env.namespace, &target, &json!({"spec": {"replicas": 5}}));
+    patch_ok(
+        &env,
+        &env.namespace,
+        &target,
+        &json!({"spec": {"replicas": 5}}),
+    );
     let took = wait_running(&env, kind, name, 5, CONVERGE).await;
     let seen = rec.seen();
-    eprintln!("e2e[{}]: scale 3→5 Running in {took:.1?}; phases {seen:?}", kind.kind);
-    assert!(seen.iter().any(|p| p == "Scaling"), "phase Scaling never observed while scaling up: {seen:?}");
-    check_phases(&mut wrong_phases, "scale up", &seen, &["Running", "Scaling"]);
-    let (bound, _) = wait_for("5 PVCs Bound", Duration::from_secs(30), || pvcs_bound(&env, name)).await;
+    eprintln!(
+        "e2e[{}]: scale 3→5 Running in {took:.1?}; phases {seen:?}",
+        kind.kind
+    );
+    assert!(
+        seen.iter().any(|p| p == "Scaling"),
+        "phase Scaling never observed while scaling up: {seen:?}"
+    );
+    check_phases(
+        &mut wrong_phases,
+        "scale up",
+        &seen,
+        &["Running", "Scaling"],
+    );
+    let (bound, _) = wait_for("5 PVCs Bound", Duration::from_secs(30), || {
+        pvcs_bound(&env, name)
+    })
+    .await;
     assert_eq!(bound, 5);
 
     // scale down
     rec.clear();
-    patch_ok(&env, &env.namespace, &target, &json!({"spec": {"replicas": 3}}));
+    patch_ok(
+        &env,
+        &env.namespace,
+        &target,
+        &json!({"spec": {"replicas": 3}}),
+    );
     let took = wait_running(&env, kind, name, 3, CONVERGE).await;
     let seen = rec.seen();
-    eprintln!("e2e[{}]: scale 5→3 Running in {took:.1?}; phases {seen:?}", kind.kind);
-    assert!(seen.iter().any(|p| p == "Scaling"), "phase Scaling never observed while scaling down: {seen:?}");
-    check_phases(&mut wrong_phases, "scale down", &seen, &["Running", "Scaling"]);
+    eprintln!(
+        "e2e[{}]: scale 5→3 Running in {took:.1?}; phases {seen:?}",
+        kind.kind
+    );
+    assert!(
+        seen.iter().any(|p| p == "Scaling"),
+        "phase Scaling never observed while scaling down: {seen:?}"
+    );
+    check_phases(
+        &mut wrong_phases,
+        "scale down",
+        &seen,
+        &["Running", "Scaling"],
+    );
     // whenScaled: Retain — no claim is lost by scaling down.
-    assert_eq!(pvc_uids(&env, name).await.len(), 5, "claims after scaling down");
+    assert_eq!(
+        pvc_uids(&env, name).await.len(),
+        5,
+        "claims after scaling down"
+    );
 
     // upgrade
     let pods: Api<Pod> = env.api();
     let selector = format!("{INSTANCE_LABEL}={name}");
-    let before: BTreeSet<String> =
-        pods.list(&ListParams::default().labels(&selector)).await.expect("pods").iter().filter_map(|p| p.uid()).collect();
+    let before: BTreeSet<String> = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .expect("pods")
+        .iter()
+        .filter_map(|p| p.uid())
+        .collect();
     assert_eq!(before.len(), 3);
     let floor = ReadyFloor::start(&env, name);
     wait_for("the pod watch synced", Duration::from_secs(20), || async {
-        if floor.floor().0.is_some() { Ok(()) } else { Err("not yet".to_string()) }
+        if floor.floor().0.is_some() {
+            Ok(())
+        } else {
+            Err("not yet".to_string())
+        }
     })
     .await;
     rec.clear();
     let up_started = Instant::now();
-    patch_ok(&env, &env.namespace, &target, &json!({"spec": {"version": kind.next_version}}));
+    patch_ok(
+        &env,
+        &env.namespace,
+        &target,
+        &json!({"spec": {"version": kind.next_version}}),
+    );
     let min_ready = std::sync::atomic::AtomicI64::new(i64::MAX);
     let mr = &min_ready;
     let sts = sts_api(&env);
@@ -180,21 +300,48 @@ async fn lifecycle(kind: Kind) {
         kind.next_version,
         up_started.elapsed()
     );
-    assert!(pod_events >= 6, "the pod watch saw only {pod_events} events during a rollout of 3 pods");
+    assert!(
+        pod_events >= 6,
+        "the pod watch saw only {pod_events} events during a rollout of 3 pods"
+    );
     assert!(watched_floor >= Some(2), "more than one member was unavailable at once during the rollout (fewest Ready {watched_floor:?})");
-    assert!(seen.iter().any(|p| p == "Upgrading"), "phase Upgrading never observed: {seen:?}");
-    assert!(min_ready >= 2, "more than one member unavailable at once during the rollout (min ready {min_ready})");
-    check_phases(&mut wrong_phases, "upgrade", &seen, &["Running", "Upgrading"]);
-    assert_eq!(child_names(&env, &env.namespace, "statefulsets", name).len(), 1);
+    assert!(
+        seen.iter().any(|p| p == "Upgrading"),
+        "phase Upgrading never observed: {seen:?}"
+    );
+    assert!(
+        min_ready >= 2,
+        "more than one member unavailable at once during the rollout (min ready {min_ready})"
+    );
+    check_phases(
+        &mut wrong_phases,
+        "upgrade",
+        &seen,
+        &["Running", "Upgrading"],
+    );
+    assert_eq!(
+        child_names(&env, &env.namespace, "statefulsets", name).len(),
+        1
+    );
     assert!(op.exited().is_none(), "operator died");
-    assert!(wrong_phases.is_empty(), "{}: status.phase went through phases that misdescribe the operation:\n{}", kind.kind, wrong_phases.join("\n"));
+    assert!(
+        wrong_phases.is_empty(),
+        "{}: status.phase went through phases that misdescribe the operation:\n{}",
+        kind.kind,
+        wrong_phases.join("\n")
+    );
 }
 
 /// Records a problem when `seen` holds a phase outside `allowed` for that step.
 fn check_phases(problems: &mut Vec<String>, step: &str, seen: &[String], allowed: &[&str]) {
-    let bad: Vec<&String> = seen.iter().filter(|p| !allowed.contains(&p.as_str())).collect();
+    let bad: Vec<&String> = seen
+        .iter()
+        .filter(|p| !allowed.contains(&p.as_str()))
+        .collect();
     if !bad.is_empty() {
-        problems.push(format!("  {step}: saw {bad:?} in {seen:?}; expected only {allowed:?}"));
+        problems.push(format!(
+            "  {step}: saw {bad:?} in {seen:?}; expected only {allowed:?}"
+        ));
     }
 }
 
@@ -226,13 +373,28 @@ async fn api_server_rejects_invalid_specs() {
         for replicas in [0, 51] {
             let mut m = kind.manifest(&format!("bad-{replicas}"), 3, "Delete");
             m["spec"]["replicas"] = json!(replicas);
-            let out = kubectl_stdin(&env, &["apply", "-n", &env.namespace, "-f", "-"], &m.to_string());
+            let out = kubectl_stdin(
+                &env,
+                &["apply", "-n", &env.namespace, "-f", "-"],
+                &m.to_string(),
+            );
             let err = String::from_utf8_lossy(&out.stderr);
             eprintln!("e2e[{}]: replicas {replicas} → {}", kind.kind, err.trim());
-            assert!(!out.status.success(), "{} with replicas {replicas} was accepted", kind.kind);
-            assert!(err.contains("spec.replicas"), "message does not name spec.replicas: {err}");
             assert!(
-                err.contains(if replicas == 0 { "greater than or equal to 1" } else { "less than or equal to 50" }),
+                !out.status.success(),
+                "{} with replicas {replicas} was accepted",
+                kind.kind
+            );
+            assert!(
+                err.contains("spec.replicas"),
+                "message does not name spec.replicas: {err}"
+            );
+            assert!(
+                err.contains(if replicas == 0 {
+                    "greater than or equal to 1"
+                } else {
+                    "less than or equal to 50"
+                }),
                 "{err}"
             );
         }
@@ -240,20 +402,44 @@ async fn api_server_rejects_invalid_specs() {
         m["spec"]["storage"]["className"] = json!("local");
         apply(&env, &env.namespace, &m);
         let target = format!("{}/cls", kind.plural);
-        let out = patch(&env, &env.namespace, &target, &json!({"spec": {"storage": {"className": "fast"}}}));
+        let out = patch(
+            &env,
+            &env.namespace,
+            &target,
+            &json!({"spec": {"storage": {"className": "fast"}}}),
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         eprintln!("e2e[{}]: className change → {}", kind.kind, err.trim());
-        assert!(!out.status.success(), "{} accepted a storage.className change", kind.kind);
+        assert!(
+            !out.status.success(),
+            "{} accepted a storage.className change",
+            kind.kind
+        );
         assert!(err.contains("storage.className is immutable"), "{err}");
         let out = env
             .kubectl()
-            .args(["patch", "-n", &env.namespace, &target, "--type", "json", "-p"])
+            .args([
+                "patch",
+                "-n",
+                &env.namespace,
+                &target,
+                "--type",
+                "json",
+                "-p",
+            ])
             .arg(r#"[{"op":"remove","path":"/spec/storage/className"}]"#)
             .output()
             .expect("kubectl");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{} accepted removing storage.className", kind.kind);
-        assert!(err.contains("storage.className cannot be added or removed"), "{err}");
+        assert!(
+            !out.status.success(),
+            "{} accepted removing storage.className",
+            kind.kind
+        );
+        assert!(
+            err.contains("storage.className cannot be added or removed"),
+            "{err}"
+        );
         // The stored object still has the class it was created with.
         let cr = get_cr(&kind.api(&env), "cls").await.expect("CR");
         assert_eq!(cr.pointer("/spec/storage/className"), Some(&json!("local")));
@@ -267,31 +453,48 @@ async fn api_server_rejects_invalid_specs() {
 
 async fn wait_gone(env: &TestEnv, kind: Kind, name: &str) -> Duration {
     let api = kind.api(env);
-    let (_, took) = wait_for(&format!("{} {name} gone (finalizer released)", kind.kind), Duration::from_secs(60), || {
-        let api = api.clone();
-        async move {
-            match get_cr(&api, name).await {
-                None => Ok(()),
-                Some(cr) => Err(format!("still there: finalizers {} deletionTimestamp {}", cr["metadata"]["finalizers"], cr["metadata"]["deletionTimestamp"])),
+    let (_, took) = wait_for(
+        &format!("{} {name} gone (finalizer released)", kind.kind),
+        Duration::from_secs(60),
+        || {
+            let api = api.clone();
+            async move {
+                match get_cr(&api, name).await {
+                    None => Ok(()),
+                    Some(cr) => Err(format!(
+                        "still there: finalizers {} deletionTimestamp {}",
+                        cr["metadata"]["finalizers"], cr["metadata"]["deletionTimestamp"]
+                    )),
+                }
             }
-        }
-    })
+        },
+    )
     .await;
     took
 }
 
 async fn wait_children_collected(env: &TestEnv, name: &str) -> Duration {
-    let (_, took) = wait_for("children garbage-collected", Duration::from_secs(60), || async {
-        let left: Vec<String> = ["statefulsets", "services", "configmaps", "poddisruptionbudgets", "pods"]
+    let (_, took) = wait_for(
+        "children garbage-collected",
+        Duration::from_secs(60),
+        || async {
+            let left: Vec<String> = [
+                "statefulsets",
+                "services",
+                "configmaps",
+                "poddisruptionbudgets",
+                "pods",
+            ]
             .iter()
             .flat_map(|r| child_names(env, &env.namespace, r, name))
             .collect();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("left: {left:?}"))
-        }
-    })
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("left: {left:?}"))
+            }
+        },
+    )
     .await;
     took
 }
@@ -307,17 +510,38 @@ async fn delete_retain_keeps_claims_and_delete_removes_them() {
     apply(&env, &env.namespace, &kind.manifest(name, 2, "Retain"));
     let took = wait_running(&env, kind, name, 2, CONVERGE).await;
     eprintln!("e2e[retain]: Running 2/2 in {took:.1?}");
-    wait_for("2 PVCs Bound", Duration::from_secs(30), || pvcs_bound(&env, name)).await;
+    wait_for("2 PVCs Bound", Duration::from_secs(30), || {
+        pvcs_bound(&env, name)
+    })
+    .await;
     let claims = pvc_uids(&env, name).await;
     assert_eq!(claims.len(), 2);
 
-    let out = env.kubectl().args(["delete", "-n", &env.namespace, &format!("{}/{name}", kind.plural), "--wait=false"]).output().expect("kubectl");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = env
+        .kubectl()
+        .args([
+            "delete",
+            "-n",
+            &env.namespace,
+            &format!("{}/{name}", kind.plural),
+            "--wait=false",
+        ])
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let gone = wait_gone(&env, kind, name).await;
     let collected = wait_children_collected(&env, name).await;
     eprintln!("e2e[retain]: CR gone in {gone:.1?}, children collected {collected:.1?} later");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(pvc_uids(&env, name).await, claims, "Retain must keep the claims");
+    assert_eq!(
+        pvc_uids(&env, name).await,
+        claims,
+        "Retain must keep the claims"
+    );
     let secrets = child_names(&env, &env.namespace, "secrets", name);
     eprintln!("e2e[retain]: secrets left after delete (Retain): {secrets:?}");
 
@@ -325,16 +549,38 @@ async fn delete_retain_keeps_claims_and_delete_removes_them() {
     apply(&env, &env.namespace, &kind.manifest(name, 2, "Delete"));
     let took = wait_running(&env, kind, name, 2, CONVERGE).await;
     eprintln!("e2e[retain]: re-created, Running in {took:.1?}");
-    assert_eq!(pvc_uids(&env, name).await, claims, "the new CR must bind the retained claims (same uids)");
+    assert_eq!(
+        pvc_uids(&env, name).await,
+        claims,
+        "the new CR must bind the retained claims (same uids)"
+    );
 
-    let out = env.kubectl().args(["delete", "-n", &env.namespace, &format!("{}/{name}", kind.plural), "--wait=false"]).output().expect("kubectl");
+    let out = env
+        .kubectl()
+        .args([
+            "delete",
+            "-n",
+            &env.namespace,
+            &format!("{}/{name}", kind.plural),
+            "--wait=false",
+        ])
+        .output()
+        .expect("kubectl");
     assert!(out.status.success());
     let gone = wait_gone(&env, kind, name).await;
     let collected = wait_children_collected(&env, name).await;
-    let (_, pvcs_gone) = wait_for("claims deleted (retentionPolicy Delete)", Duration::from_secs(60), || async {
-        let left = pvc_uids(&env, name).await;
-        if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
-    })
+    let (_, pvcs_gone) = wait_for(
+        "claims deleted (retentionPolicy Delete)",
+        Duration::from_secs(60),
+        || async {
+            let left = pvc_uids(&env, name).await;
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    )
     .await;
     let secrets = child_names(&env, &env.namespace, "secrets", name);
     eprintln!(
@@ -358,11 +604,23 @@ struct WriteCounter<'a> {
 impl<'a> WriteCounter<'a> {
     fn install(env: &'a TestEnv, sa: &str) -> WriteCounter<'a> {
         let name = format!("e2e-writes-{}", env.namespace);
-        let resources: Vec<String> = ["statefulsets", "services", "configmaps", "secrets", "persistentvolumeclaims", "poddisruptionbudgets", "events"]
-            .iter()
-            .map(|s| s.to_string())
-            .chain(KINDS.iter().flat_map(|k| [k.plural.to_string(), format!("{}/status", k.plural)]))
-            .collect();
+        let resources: Vec<String> = [
+            "statefulsets",
+            "services",
+            "configmaps",
+            "secrets",
+            "persistentvolumeclaims",
+            "poddisruptionbudgets",
+            "events",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(
+            KINDS
+                .iter()
+                .flat_map(|k| [k.plural.to_string(), format!("{}/status", k.plural)]),
+        )
+        .collect();
         let fs = json!({
             "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
             "metadata": {"name": name},
@@ -399,7 +657,13 @@ impl Drop for WriteCounter<'_> {
         let _ = self
             .env
             .kubectl()
-            .args(["delete", "flowschema", &self.name, "--ignore-not-found", "--wait=false"])
+            .args([
+                "delete",
+                "flowschema",
+                &self.name,
+                "--ignore-not-found",
+                "--wait=false",
+            ])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .status();
@@ -411,15 +675,30 @@ fn apiserver_writes(env: &TestEnv) -> f64 {
     let text = apiserver_metrics(env);
     let mut sum = 0.0;
     for verb in ["POST", "PUT", "PATCH", "DELETE", "APPLY"] {
-        for res in ["statefulsets", "services", "configmaps", "secrets", "poddisruptionbudgets", "postgresclusters", "redisclusters", "elasticsearchclusters"] {
-            sum += sum_metric(&text, "apiserver_request_total", &[&format!("verb=\"{verb}\""), &format!("resource=\"{res}\"")]);
+        for res in [
+            "statefulsets",
+            "services",
+            "configmaps",
+            "secrets",
+            "poddisruptionbudgets",
+            "postgresclusters",
+            "redisclusters",
+            "elasticsearchclusters",
+        ] {
+            sum += sum_metric(
+                &text,
+                "apiserver_request_total",
+                &[&format!("verb=\"{verb}\""), &format!("resource=\"{res}\"")],
+            );
         }
     }
     sum
 }
 
 fn reconciles(op: &Operator) -> f64 {
-    op.get("/metrics").map(|(_, b)| sum_metric(&b, "stateward_reconcile_total", &[])).unwrap_or(0.0)
+    op.get("/metrics")
+        .map(|(_, b)| sum_metric(&b, "stateward_reconcile_total", &[]))
+        .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -452,7 +731,10 @@ async fn converged_resource_reconciled_again_makes_zero_writes() {
     let mut last = (counter.count(), Instant::now());
     let settle_started = Instant::now();
     while last.1.elapsed() < Duration::from_secs(6) {
-        assert!(settle_started.elapsed() < Duration::from_secs(90), "the operator keeps writing to a converged resource");
+        assert!(
+            settle_started.elapsed() < Duration::from_secs(90),
+            "the operator keeps writing to a converged resource"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = counter.count();
         if now != last.0 {
@@ -464,30 +746,69 @@ async fn converged_resource_reconciled_again_makes_zero_writes() {
     // The counter really sees the operator: creating the cluster took writes.
     assert!(writes_to_converge >= 5.0, "the FlowSchema counted only {writes_to_converge} writes while creating: it does not see the operator");
 
-    let (w0, a0, r0, s0) = (counter.count(), op.api_writes().expect("metrics"), reconciles(&op), apiserver_writes(&env));
+    let (w0, a0, r0, s0) = (
+        counter.count(),
+        op.api_writes().expect("metrics"),
+        reconciles(&op),
+        apiserver_writes(&env),
+    );
     // Poke the CR (metadata only: a watch event, no spec change) and then a child.
-    patch_ok(&env, &env.namespace, &format!("{}/{name}", kind.plural), &json!({"metadata": {"annotations": {"e2e/poke": "1"}}}));
-    wait_for("a reconcile after the CR poke", Duration::from_secs(20), || async {
-        let r = reconciles(&op);
-        if r > r0 { Ok(()) } else { Err(format!("reconcile_total {r}")) }
-    })
+    patch_ok(
+        &env,
+        &env.namespace,
+        &format!("{}/{name}", kind.plural),
+        &json!({"metadata": {"annotations": {"e2e/poke": "1"}}}),
+    );
+    wait_for(
+        "a reconcile after the CR poke",
+        Duration::from_secs(20),
+        || async {
+            let r = reconciles(&op);
+            if r > r0 {
+                Ok(())
+            } else {
+                Err(format!("reconcile_total {r}"))
+            }
+        },
+    )
     .await;
     let r1 = reconciles(&op);
-    patch_ok(&env, &env.namespace, &format!("statefulset/{name}"), &json!({"metadata": {"annotations": {"e2e/poke": "1"}}}));
-    wait_for("a reconcile after the StatefulSet poke", Duration::from_secs(20), || async {
-        let r = reconciles(&op);
-        if r > r1 { Ok(()) } else { Err(format!("reconcile_total {r}")) }
-    })
+    patch_ok(
+        &env,
+        &env.namespace,
+        &format!("statefulset/{name}"),
+        &json!({"metadata": {"annotations": {"e2e/poke": "1"}}}),
+    );
+    wait_for(
+        "a reconcile after the StatefulSet poke",
+        Duration::from_secs(20),
+        || async {
+            let r = reconciles(&op);
+            if r > r1 {
+                Ok(())
+            } else {
+                Err(format!("reconcile_total {r}"))
+            }
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (w1, a1, r2, s1) = (counter.count(), op.api_writes().expect("metrics"), reconciles(&op), apiserver_writes(&env));
+    let (w1, a1, r2, s1) = (
+        counter.count(),
+        op.api_writes().expect("metrics"),
+        reconciles(&op),
+        apiserver_writes(&env),
+    );
     eprintln!(
         "e2e[zero]: {} reconciles after the pokes; operator writes seen by the API server {w0} → {w1}; stateward_api_writes_total {a0} → {a1}; \
          apiserver_request_total writes on managed kinds, all namespaces, minus our 2 pokes: {} (other tests run in parallel)",
         r2 - r0,
         s1 - s0 - 2.0
     );
-    assert_eq!(w1, w0, "the operator wrote to the API server while reconciling a converged resource");
+    assert_eq!(
+        w1, w0,
+        "the operator wrote to the API server while reconciling a converged resource"
+    );
     assert_eq!(a1, a0, "stateward_api_writes_total moved");
     assert!(op.exited().is_none(), "operator died");
 }
@@ -508,34 +829,75 @@ async fn sigkill_mid_scale_then_restart_converges() {
     wait_running(&env, kind, name, 3, CONVERGE).await;
     let services = child_names(&env, &env.namespace, "services", name);
     let claims = pvc_uids(&env, name).await;
-    patch_ok(&env, &env.namespace, &format!("{}/{name}", kind.plural), &json!({"spec": {"replicas": 5}}));
+    patch_ok(
+        &env,
+        &env.namespace,
+        &format!("{}/{name}", kind.plural),
+        &json!({"spec": {"replicas": 5}}),
+    );
     let sts = sts_api(&env);
-    let (mid, _) = wait_for("the StatefulSet scaled to 5 but not yet ready", Duration::from_secs(60), || {
-        let sts = sts.clone();
-        async move {
-            let s = sts.get(name).await.map_err(|e| e.to_string())?;
-            let want = s.spec.as_ref().and_then(|s| s.replicas) == Some(5);
-            let ready = s.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
-            if want { Ok(ready) } else { Err(format!("spec.replicas {:?}", s.spec.as_ref().and_then(|s| s.replicas))) }
-        }
-    })
+    let (mid, _) = wait_for(
+        "the StatefulSet scaled to 5 but not yet ready",
+        Duration::from_secs(60),
+        || {
+            let sts = sts.clone();
+            async move {
+                let s = sts.get(name).await.map_err(|e| e.to_string())?;
+                let want = s.spec.as_ref().and_then(|s| s.replicas) == Some(5);
+                let ready = s
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.ready_replicas)
+                    .unwrap_or(0);
+                if want {
+                    Ok(ready)
+                } else {
+                    Err(format!(
+                        "spec.replicas {:?}",
+                        s.spec.as_ref().and_then(|s| s.replicas)
+                    ))
+                }
+            }
+        },
+    )
     .await;
     op.kill9();
     eprintln!("e2e[kill]: killed with {mid}/5 ready");
     let restarted = Instant::now();
     let mut op2 = Operator::start(&env, "kill-2");
     let took = wait_running(&env, kind, name, 5, Duration::from_secs(60)).await;
-    eprintln!("e2e[kill]: converged {:.1?} after the restart", restarted.elapsed().max(took));
+    eprintln!(
+        "e2e[kill]: converged {:.1?} after the restart",
+        restarted.elapsed().max(took)
+    );
     op2.wait_ready(Duration::from_secs(10)).await;
-    assert_eq!(child_names(&env, &env.namespace, "statefulsets", name).len(), 1, "duplicate StatefulSets");
-    assert_eq!(child_names(&env, &env.namespace, "services", name), services, "Services differ after the restart");
-    assert_eq!(child_names(&env, &env.namespace, "configmaps", name).len(), 1);
+    assert_eq!(
+        child_names(&env, &env.namespace, "statefulsets", name).len(),
+        1,
+        "duplicate StatefulSets"
+    );
+    assert_eq!(
+        child_names(&env, &env.namespace, "services", name),
+        services,
+        "Services differ after the restart"
+    );
+    assert_eq!(
+        child_names(&env, &env.namespace, "configmaps", name).len(),
+        1
+    );
     assert_eq!(child_names(&env, &env.namespace, "secrets", name).len(), 1);
-    assert_eq!(child_names(&env, &env.namespace, "poddisruptionbudgets", name).len(), 1);
+    assert_eq!(
+        child_names(&env, &env.namespace, "poddisruptionbudgets", name).len(),
+        1
+    );
     let after = pvc_uids(&env, name).await;
     assert_eq!(after.len(), 5);
     for (claim, uid) in &claims {
-        assert_eq!(after.get(claim), Some(uid), "claim {claim} lost or replaced");
+        assert_eq!(
+            after.get(claim),
+            Some(uid),
+            "claim {claim} lost or replaced"
+        );
     }
 }
 
@@ -555,29 +917,63 @@ async fn children_deleted_while_down_are_restored_after_restart() {
     wait_running(&env, kind, name, 2, CONVERGE).await;
     let services = child_names(&env, &env.namespace, "services", name);
     let claims = pvc_uids(&env, name).await;
-    let victim = services.iter().find(|s| s.ends_with("-rw") || !s.ends_with("-headless")).cloned().unwrap_or_default();
+    let victim = services
+        .iter()
+        .find(|s| s.ends_with("-rw") || !s.ends_with("-headless"))
+        .cloned()
+        .unwrap_or_default();
     op.kill9();
     for target in [format!("statefulset/{name}"), victim.clone()] {
-        let out = env.kubectl().args(["delete", "-n", &env.namespace, &target, "--wait=true", "--timeout=30s"]).output().expect("kubectl");
-        assert!(out.status.success(), "delete {target}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = env
+            .kubectl()
+            .args([
+                "delete",
+                "-n",
+                &env.namespace,
+                &target,
+                "--wait=true",
+                "--timeout=30s",
+            ])
+            .output()
+            .expect("kubectl");
+        assert!(
+            out.status.success(),
+            "delete {target}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
     let claims_while_down = pvc_uids(&env, name).await;
-    assert!(child_names(&env, &env.namespace, "statefulsets", name).is_empty(), "StatefulSet came back with no operator running");
-    assert!(!child_names(&env, &env.namespace, "services", name).contains(&victim), "{victim} came back with no operator running");
+    assert!(
+        child_names(&env, &env.namespace, "statefulsets", name).is_empty(),
+        "StatefulSet came back with no operator running"
+    );
+    assert!(
+        !child_names(&env, &env.namespace, "services", name).contains(&victim),
+        "{victim} came back with no operator running"
+    );
     let restarted = Instant::now();
     let _op2 = Operator::start(&env, "down-2");
     wait_running(&env, kind, name, 2, Duration::from_secs(30)).await;
     let took = restarted.elapsed();
-    eprintln!("e2e[down]: StatefulSet and {victim} restored, Running 2/2, {took:.1?} after the restart");
+    eprintln!(
+        "e2e[down]: StatefulSet and {victim} restored, Running 2/2, {took:.1?} after the restart"
+    );
     assert!(took <= Duration::from_secs(30));
-    assert_eq!(child_names(&env, &env.namespace, "services", name), services);
+    assert_eq!(
+        child_names(&env, &env.namespace, "services", name),
+        services
+    );
     // Deleting a StatefulSet by hand is not deleting the cluster: the data must stay.
     assert_eq!(
         claims_while_down, claims,
         "the claims went away with the StatefulSet (its persistentVolumeClaimRetentionPolicy.whenDeleted follows the CR's retentionPolicy: Delete)"
     );
-    assert_eq!(pvc_uids(&env, name).await, claims, "claims must survive the StatefulSet's deletion");
+    assert_eq!(
+        pvc_uids(&env, name).await,
+        claims,
+        "claims must survive the StatefulSet's deletion"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -588,7 +984,9 @@ async fn children_deleted_while_down_are_restored_after_restart() {
 async fn namespace_mode_ignores_other_namespaces() {
     let env = TestEnv::new("e2e-ns-mine").await.expect("test env");
     let _teardown_env = Teardown::new(&env);
-    let other = TestEnv::new("e2e-ns-other").await.expect("second namespace");
+    let other = TestEnv::new("e2e-ns-other")
+        .await
+        .expect("second namespace");
     let _teardown_other = Teardown::new(&other);
     prepare(&env);
     let dir = tempdir::Dir::new("e2e-ns");
@@ -604,7 +1002,11 @@ async fn namespace_mode_ignores_other_namespaces() {
         },
     );
     let kind = POSTGRES;
-    apply(&env, &other.namespace, &kind.manifest("theirs", 1, "Delete"));
+    apply(
+        &env,
+        &other.namespace,
+        &kind.manifest("theirs", 1, "Delete"),
+    );
     op.wait_ready(START).await;
     apply(&env, &env.namespace, &kind.manifest("mine", 1, "Delete"));
     let forbidden = async {
@@ -622,16 +1024,45 @@ async fn namespace_mode_ignores_other_namespaces() {
     };
     eprintln!("e2e[ns]: own CR Running in {took:.1?} with only the Roles of deploy/rbac/namespaced and operator-namespace");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let theirs = get_cr(&kind.api_in(&env, &other.namespace), "theirs").await.expect("the other CR");
-    assert!(theirs["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty), "finalizer added: {theirs}");
-    assert!(theirs.get("status").is_none_or(|s| s.is_null() || s == &json!({})), "status written: {theirs}");
-    for r in ["statefulsets", "services", "configmaps", "secrets", "poddisruptionbudgets", "persistentvolumeclaims"] {
+    let theirs = get_cr(&kind.api_in(&env, &other.namespace), "theirs")
+        .await
+        .expect("the other CR");
+    assert!(
+        theirs["metadata"]["finalizers"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "finalizer added: {theirs}"
+    );
+    assert!(
+        theirs
+            .get("status")
+            .is_none_or(|s| s.is_null() || s == &json!({})),
+        "status written: {theirs}"
+    );
+    for r in [
+        "statefulsets",
+        "services",
+        "configmaps",
+        "secrets",
+        "poddisruptionbudgets",
+        "persistentvolumeclaims",
+    ] {
         let names = child_names(&env, &other.namespace, r, "theirs");
-        assert!(names.is_empty(), "{r} created in the other namespace: {names:?}");
+        assert!(
+            names.is_empty(),
+            "{r} created in the other namespace: {names:?}"
+        );
     }
     let log = std::fs::read_to_string(&op.log).unwrap_or_default();
-    assert!(!log.contains(&other.namespace), "the operator's log mentions the other namespace");
-    assert!(!log.contains("forbidden"), "the namespaced Role was not enough:\n{}", op.log_tail(40));
+    assert!(
+        !log.contains(&other.namespace),
+        "the operator's log mentions the other namespace"
+    );
+    assert!(
+        !log.contains("forbidden"),
+        "the namespaced Role was not enough:\n{}",
+        op.log_tail(40)
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -660,30 +1091,57 @@ async fn leader_failover_within_20s() {
         }
     })
     .await;
-    eprintln!("e2e[leader]: replica-{} leads after {took:.1?}", if leader_is_a { "a" } else { "b" });
-    let (leader, follower) = if leader_is_a { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    eprintln!(
+        "e2e[leader]: replica-{} leads after {took:.1?}",
+        if leader_is_a { "a" } else { "b" }
+    );
+    let (leader, follower) = if leader_is_a {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
     leader.wait_ready(START).await;
     let kind = POSTGRES;
     let name = "ha";
     apply(&env, &env.namespace, &kind.manifest(name, 1, "Delete"));
     wait_running(&env, kind, name, 1, CONVERGE).await;
-    assert!(leader.api_writes().expect("metrics") > 0.0, "the leader made no writes");
-    assert_eq!(follower.api_writes().expect("metrics"), 0.0, "the follower wrote");
+    assert!(
+        leader.api_writes().expect("metrics") > 0.0,
+        "the leader made no writes"
+    );
+    assert_eq!(
+        follower.api_writes().expect("metrics"),
+        0.0,
+        "the follower wrote"
+    );
     assert_eq!(reconciles(follower), 0.0, "the follower reconciled");
     assert_eq!(follower.is_leader(), Some(false));
 
     leader.kill9();
     let killed = Instant::now();
-    patch_ok(&env, &env.namespace, &format!("{}/{name}", kind.plural), &json!({"spec": {"replicas": 2}}));
+    patch_ok(
+        &env,
+        &env.namespace,
+        &format!("{}/{name}", kind.plural),
+        &json!({"spec": {"replicas": 2}}),
+    );
     let sts = sts_api(&env);
-    wait_for("the new leader applies the change", Duration::from_secs(30), || {
-        let sts = sts.clone();
-        async move {
-            let s = sts.get(name).await.map_err(|e| e.to_string())?;
-            let r = s.spec.as_ref().and_then(|s| s.replicas);
-            if r == Some(2) { Ok(()) } else { Err(format!("StatefulSet replicas {r:?}")) }
-        }
-    })
+    wait_for(
+        "the new leader applies the change",
+        Duration::from_secs(30),
+        || {
+            let sts = sts.clone();
+            async move {
+                let s = sts.get(name).await.map_err(|e| e.to_string())?;
+                let r = s.spec.as_ref().and_then(|s| s.replicas);
+                if r == Some(2) {
+                    Ok(())
+                } else {
+                    Err(format!("StatefulSet replicas {r:?}"))
+                }
+            }
+        },
+    )
     .await;
     let took = killed.elapsed();
     eprintln!("e2e[leader]: follower took over and applied the change {took:.1?} after SIGKILL of the leader (lease 6 s)");

@@ -32,11 +32,16 @@ pub const INSTANCE_LABEL: &str = "stateward.dev/instance";
 pub const FINALIZER: &str = "stateward.dev/cleanup";
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
 }
 
 fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// One of the three plugin-served kinds, with what a test needs to drive it.
@@ -50,14 +55,35 @@ pub struct Kind {
     pub storage: &'static str,
 }
 
-pub const POSTGRES: Kind = Kind { kind: "PostgresCluster", plural: "postgresclusters", version: "17.2", next_version: "17.3", storage: "1Gi" };
-pub const REDIS: Kind = Kind { kind: "RedisCluster", plural: "redisclusters", version: "7.4.1", next_version: "7.4.2", storage: "512Mi" };
-pub const ELASTICSEARCH: Kind = Kind { kind: "ElasticsearchCluster", plural: "elasticsearchclusters", version: "8.15.3", next_version: "8.15.4", storage: "1Gi" };
+pub const POSTGRES: Kind = Kind {
+    kind: "PostgresCluster",
+    plural: "postgresclusters",
+    version: "17.2",
+    next_version: "17.3",
+    storage: "1Gi",
+};
+pub const REDIS: Kind = Kind {
+    kind: "RedisCluster",
+    plural: "redisclusters",
+    version: "7.4.1",
+    next_version: "7.4.2",
+    storage: "512Mi",
+};
+pub const ELASTICSEARCH: Kind = Kind {
+    kind: "ElasticsearchCluster",
+    plural: "elasticsearchclusters",
+    version: "8.15.3",
+    next_version: "8.15.4",
+    storage: "1Gi",
+};
 pub const KINDS: [Kind; 3] = [POSTGRES, REDIS, ELASTICSEARCH];
 
 impl Kind {
     pub fn api_resource(&self) -> ApiResource {
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("stateward.dev", "v1", self.kind), self.plural)
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("stateward.dev", "v1", self.kind),
+            self.plural,
+        )
     }
 
     pub fn api(&self, env: &TestEnv) -> Api<DynamicObject> {
@@ -120,19 +146,38 @@ pub fn prepare(env: &TestEnv) {
     let crds = workspace_root().join("deploy").join("crds");
     let out = env
         .kubectl()
-        .args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-e2e", "-f"])
+        .args([
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager",
+            "stateward-e2e",
+            "-f",
+        ])
         .arg(&crds)
         .output()
         .expect("run kubectl");
-    assert!(out.status.success(), "applying {}: {}", crds.display(), String::from_utf8_lossy(&out.stderr));
-    let crd_names: Vec<String> = KINDS.iter().map(|k| format!("crd/{}.stateward.dev", k.plural)).collect();
+    assert!(
+        out.status.success(),
+        "applying {}: {}",
+        crds.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let crd_names: Vec<String> = KINDS
+        .iter()
+        .map(|k| format!("crd/{}.stateward.dev", k.plural))
+        .collect();
     let out = env
         .kubectl()
         .args(["wait", "--for=condition=Established", "--timeout=60s"])
         .args(&crd_names)
         .output()
         .expect("run kubectl");
-    assert!(out.status.success(), "CRDs not established: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "CRDs not established: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_stateward"))
         .arg("crds")
@@ -142,8 +187,15 @@ pub fn prepare(env: &TestEnv) {
         .arg(wasm_cache())
         .output()
         .expect("run stateward crds");
-    assert!(out.status.success(), "loading the plugins: {}", String::from_utf8_lossy(&out.stderr));
-    eprintln!("e2e: CRDs installed, plugin cache warm in {:.1?}", started.elapsed());
+    assert!(
+        out.status.success(),
+        "loading the plugins: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "e2e: CRDs installed, plugin cache warm in {:.1?}",
+        started.elapsed()
+    );
     *done = true;
 }
 
@@ -205,7 +257,11 @@ impl Operator {
         Operator::start_with(
             env,
             name,
-            OperatorOpts { namespace: env.namespace.clone(), lease_namespace: env.namespace.clone(), ..Default::default() },
+            OperatorOpts {
+                namespace: env.namespace.clone(),
+                lease_namespace: env.namespace.clone(),
+                ..Default::default()
+            },
         )
     }
 
@@ -217,14 +273,28 @@ impl Operator {
         let port = free_port();
         let file = std::fs::File::create(&log).expect("log file");
         let err = file.try_clone().expect("log file");
-        let kubeconfig = opts.kubeconfig.clone().unwrap_or_else(|| env.kubeconfig().to_path_buf());
+        let kubeconfig = opts
+            .kubeconfig
+            .clone()
+            .unwrap_or_else(|| env.kubeconfig().to_path_buf());
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_stateward"));
         cmd.env("KUBECONFIG", &kubeconfig)
             .env_remove("STATEWARD_NAMESPACE")
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_NAME")
-            .args(["run", "--namespace", &opts.namespace, "--lease-namespace", &opts.lease_namespace])
-            .args(["--http-addr", &format!("127.0.0.1:{port}"), "--lease-seconds", "6"])
+            .args([
+                "run",
+                "--namespace",
+                &opts.namespace,
+                "--lease-namespace",
+                &opts.lease_namespace,
+            ])
+            .args([
+                "--http-addr",
+                &format!("127.0.0.1:{port}"),
+                "--lease-seconds",
+                "6",
+            ])
             .arg("--audit-log")
             .arg(&audit)
             .arg("--plugin-dir")
@@ -240,8 +310,19 @@ impl Operator {
             cmd.args(["--identity", id]);
         }
         let child = cmd.spawn().expect("spawn stateward run");
-        eprintln!("e2e: started operator {name} (pid {}, http {port}, log {})", child.id(), log.display());
-        Operator { child: Some(child), name: name.to_string(), port, log, audit, _dir: dir }
+        eprintln!(
+            "e2e: started operator {name} (pid {}, http {port}, log {})",
+            child.id(),
+            log.display()
+        );
+        Operator {
+            child: Some(child),
+            name: name.to_string(),
+            port,
+            log,
+            audit,
+            _dir: dir,
+        }
     }
 
     /// SIGKILL, no chance to clean up (no Lease release).
@@ -259,7 +340,9 @@ impl Operator {
 
     /// Exits early only on a crash; returns its status then.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// One HTTP GET on the operator's endpoint: (status code, body).
@@ -273,7 +356,10 @@ impl Operator {
         if code != 200 {
             return None;
         }
-        serde_json::from_str::<Value>(&body).ok()?.get("leader")?.as_bool()
+        serde_json::from_str::<Value>(&body)
+            .ok()?
+            .get("leader")?
+            .as_bool()
     }
 
     /// Sum of `stateward_api_writes_total` over all labels (0 when absent).
@@ -290,13 +376,26 @@ impl Operator {
         let started = Instant::now();
         loop {
             if let Some(status) = self.exited() {
-                panic!("operator {} exited early with {status}:\n{}", self.name, self.log_tail(80));
+                panic!(
+                    "operator {} exited early with {status}:\n{}",
+                    self.name,
+                    self.log_tail(80)
+                );
             }
             if matches!(self.get("/readyz"), Ok((200, _))) {
-                eprintln!("e2e: operator {} ready after {:.1?}", self.name, started.elapsed());
+                eprintln!(
+                    "e2e: operator {} ready after {:.1?}",
+                    self.name,
+                    started.elapsed()
+                );
                 return;
             }
-            assert!(started.elapsed() < timeout, "operator {} not ready within {timeout:?}:\n{}", self.name, self.log_tail(80));
+            assert!(
+                started.elapsed() < timeout,
+                "operator {} not ready within {timeout:?}:\n{}",
+                self.name,
+                self.log_tail(80)
+            );
             tokio::time::sleep(POLL).await;
         }
     }
@@ -306,9 +405,17 @@ impl Operator {
         let started = Instant::now();
         while self.is_leader().is_none() {
             if let Some(status) = self.exited() {
-                panic!("operator {} exited early with {status}:\n{}", self.name, self.log_tail(80));
+                panic!(
+                    "operator {} exited early with {status}:\n{}",
+                    self.name,
+                    self.log_tail(80)
+                );
             }
-            assert!(started.elapsed() < timeout, "operator {} not serving within {timeout:?}", self.name);
+            assert!(
+                started.elapsed() < timeout,
+                "operator {} not serving within {timeout:?}",
+                self.name
+            );
             tokio::time::sleep(POLL).await;
         }
     }
@@ -323,7 +430,12 @@ impl Operator {
 impl Drop for Operator {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("---- operator {} log (last 150 lines; file {}) ----\n{}\n---- end ----", self.name, self.log.display(), self.log_tail(150));
+            eprintln!(
+                "---- operator {} log (last 150 lines; file {}) ----\n{}\n---- end ----",
+                self.name,
+                self.log.display(),
+                self.log_tail(150)
+            );
         }
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -338,7 +450,10 @@ pub fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;
     let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf.as_str(), ""));
@@ -354,7 +469,9 @@ pub fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
 pub fn sum_metric(text: &str, name: &str, labels: &[&str]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' ')))
+        .filter(|l| {
+            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' '))
+        })
         .filter(|l| labels.iter().all(|want| l.contains(want)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
@@ -371,28 +488,51 @@ pub fn kubectl_stdin(env: &TestEnv, args: &[&str], input: &str) -> Output {
         .spawn()
         .expect("spawn kubectl");
     if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(input.as_bytes()).expect("write kubectl stdin");
+        stdin
+            .write_all(input.as_bytes())
+            .expect("write kubectl stdin");
     }
     child.wait_with_output().expect("kubectl output")
 }
 
 /// `kubectl apply -f -` of one object into `namespace`; panics with kubectl's message on failure.
 pub fn apply(env: &TestEnv, namespace: &str, object: &Value) {
-    let out = kubectl_stdin(env, &["apply", "-n", namespace, "-f", "-"], &object.to_string());
-    assert!(out.status.success(), "kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = kubectl_stdin(
+        env,
+        &["apply", "-n", namespace, "-f", "-"],
+        &object.to_string(),
+    );
+    assert!(
+        out.status.success(),
+        "kubectl apply failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// `kubectl patch --type merge`; returns the output (the caller checks it).
 pub fn patch(env: &TestEnv, namespace: &str, target: &str, patch: &Value) -> Output {
     env.kubectl()
-        .args(["patch", "-n", namespace, target, "--type", "merge", "-p", &patch.to_string()])
+        .args([
+            "patch",
+            "-n",
+            namespace,
+            target,
+            "--type",
+            "merge",
+            "-p",
+            &patch.to_string(),
+        ])
         .output()
         .expect("run kubectl")
 }
 
 pub fn patch_ok(env: &TestEnv, namespace: &str, target: &str, p: &Value) {
     let out = patch(env, namespace, target, p);
-    assert!(out.status.success(), "kubectl patch {target} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "kubectl patch {target} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Polls `check` every [`POLL`] until it yields `Some`, failing after `timeout` with `what`
@@ -432,7 +572,9 @@ pub fn condition<'a>(cr: &'a Value, type_: &str) -> Option<&'a str> {
 }
 
 pub fn phase(cr: &Value) -> &str {
-    cr.pointer("/status/phase").and_then(Value::as_str).unwrap_or("")
+    cr.pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// A short description of the CR's state for failure messages.
@@ -442,35 +584,54 @@ pub fn summary(cr: &Value) -> String {
         phase(cr),
         cr.pointer("/status/readyReplicas").unwrap_or(&Value::Null),
         cr.pointer("/metadata/generation").unwrap_or(&Value::Null),
-        cr.pointer("/status/observedGeneration").unwrap_or(&Value::Null),
+        cr.pointer("/status/observedGeneration")
+            .unwrap_or(&Value::Null),
         cr.pointer("/status/conditions").unwrap_or(&Value::Null),
     )
 }
 
 /// Waits for phase Running, Available=True, readyReplicas == `replicas` == the StatefulSet's
 /// ready count, and observedGeneration == generation.
-pub async fn wait_running(env: &TestEnv, kind: Kind, name: &str, replicas: i64, timeout: Duration) -> Duration {
+pub async fn wait_running(
+    env: &TestEnv,
+    kind: Kind,
+    name: &str,
+    replicas: i64,
+    timeout: Duration,
+) -> Duration {
     let api = kind.api(env);
     let sts: Api<StatefulSet> = env.api();
-    let (_, took) = wait_for(&format!("{} {name} Running with {replicas} ready", kind.kind), timeout, || {
-        let (api, sts) = (api.clone(), sts.clone());
-        async move {
-            let cr = get_cr(&api, name).await.ok_or("CR not found")?;
-            let ok = phase(&cr) == "Running"
-                && condition(&cr, "Available") == Some("True")
-                && cr.pointer("/status/readyReplicas").and_then(Value::as_i64) == Some(replicas)
-                && cr.pointer("/status/observedGeneration") == cr.pointer("/metadata/generation");
-            if !ok {
-                return Err(summary(&cr));
+    let (_, took) = wait_for(
+        &format!("{} {name} Running with {replicas} ready", kind.kind),
+        timeout,
+        || {
+            let (api, sts) = (api.clone(), sts.clone());
+            async move {
+                let cr = get_cr(&api, name).await.ok_or("CR not found")?;
+                let ok = phase(&cr) == "Running"
+                    && condition(&cr, "Available") == Some("True")
+                    && cr.pointer("/status/readyReplicas").and_then(Value::as_i64)
+                        == Some(replicas)
+                    && cr.pointer("/status/observedGeneration")
+                        == cr.pointer("/metadata/generation");
+                if !ok {
+                    return Err(summary(&cr));
+                }
+                let s = sts
+                    .get_opt(name)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .ok_or("no StatefulSet")?;
+                let st = s.status.unwrap_or_default();
+                if st.ready_replicas.unwrap_or(0) as i64 != replicas
+                    || st.replicas as i64 != replicas
+                {
+                    return Err(format!("CR Running but StatefulSet status {st:?}"));
+                }
+                Ok(())
             }
-            let s = sts.get_opt(name).await.map_err(|e| e.to_string())?.ok_or("no StatefulSet")?;
-            let st = s.status.unwrap_or_default();
-            if st.ready_replicas.unwrap_or(0) as i64 != replicas || st.replicas as i64 != replicas {
-                return Err(format!("CR Running but StatefulSet status {st:?}"));
-            }
-            Ok(())
-        }
-    })
+        },
+    )
     .await;
     took
 }
@@ -494,7 +655,12 @@ impl PhaseRecorder {
                     _ => continue,
                 };
                 for o in objs {
-                    let p = o.data.pointer("/status/phase").and_then(Value::as_str).unwrap_or("").to_string();
+                    let p = o
+                        .data
+                        .pointer("/status/phase")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string();
                     let mut s = rec.lock().unwrap_or_else(|e| e.into_inner());
                     if s.last() != Some(&p) {
                         s.push(p);
@@ -522,14 +688,35 @@ impl Drop for PhaseRecorder {
 }
 
 /// Names of the children of `instance` of one kind, via kubectl (any kind).
-pub fn child_names(env: &TestEnv, namespace: &str, resource: &str, instance: &str) -> BTreeSet<String> {
+pub fn child_names(
+    env: &TestEnv,
+    namespace: &str,
+    resource: &str,
+    instance: &str,
+) -> BTreeSet<String> {
     let out = env
         .kubectl()
-        .args(["get", resource, "-n", namespace, "-l", &format!("{INSTANCE_LABEL}={instance}"), "-o", "name"])
+        .args([
+            "get",
+            resource,
+            "-n",
+            namespace,
+            "-l",
+            &format!("{INSTANCE_LABEL}={instance}"),
+            "-o",
+            "name",
+        ])
         .output()
         .expect("run kubectl");
-    assert!(out.status.success(), "kubectl get {resource}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+    assert!(
+        out.status.success(),
+        "kubectl get {resource}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 /// PVC name → uid of the instance's claims.
@@ -579,7 +766,9 @@ pub enum Rbac {
 /// priority and fairness) in the API server's metrics.
 pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str, rbac: Rbac) -> PathBuf {
     let ns = &env.namespace;
-    let mut items = vec![serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}})];
+    let mut items = vec![
+        serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}}),
+    ];
     let bind = |role: &str| {
         serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": format!("{sa}-{role}"), "namespace": ns},
@@ -591,17 +780,24 @@ pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str, rbac:
             let dir = workspace_root().join("deploy").join("rbac");
             for rel in ["namespaced/role.yaml", "operator-namespace/role.yaml"] {
                 let path = dir.join(rel);
-                let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-                let mut role: Value = yaml_serde::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()));
+                let text = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+                let mut role: Value = yaml_serde::from_str(&text)
+                    .unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()));
                 assert_eq!(role["kind"], "Role", "{}", path.display());
                 role["metadata"]["namespace"] = Value::String(ns.clone());
-                let name = role["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                let name = role["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 items.push(role);
                 items.push(bind(&name));
             }
         }
         Rbac::Broad => {
-            let all = ["get", "list", "watch", "create", "update", "patch", "delete"];
+            let all = [
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ];
             let role = format!("{sa}-broad");
             items.push(serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                 "metadata": {"name": role, "namespace": ns},
@@ -612,13 +808,28 @@ pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str, rbac:
     }
     let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
     apply(env, ns, &list);
-    let token = env.kubectl().args(["create", "token", sa, "-n", ns, "--duration", "2h"]).output().expect("kubectl");
-    assert!(token.status.success(), "create token: {}", String::from_utf8_lossy(&token.stderr));
+    let token = env
+        .kubectl()
+        .args(["create", "token", sa, "-n", ns, "--duration", "2h"])
+        .output()
+        .expect("kubectl");
+    assert!(
+        token.status.success(),
+        "create token: {}",
+        String::from_utf8_lossy(&token.stderr)
+    );
     let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
     let view = |path: &str| {
         let out = env
             .kubectl()
-            .args(["config", "view", "--raw", "--minify", "-o", &format!("jsonpath={path}")])
+            .args([
+                "config",
+                "view",
+                "--raw",
+                "--minify",
+                "-o",
+                &format!("jsonpath={path}"),
+            ])
             .output()
             .expect("kubectl");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -626,7 +837,10 @@ pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str, rbac:
     let server = view("{.clusters[0].cluster.server}");
     let ca = view("{.clusters[0].cluster.certificate-authority-data}");
     let ca_line = if ca.is_empty() {
-        format!("certificate-authority: {}", view("{.clusters[0].cluster.certificate-authority}"))
+        format!(
+            "certificate-authority: {}",
+            view("{.clusters[0].cluster.certificate-authority}")
+        )
     } else {
         format!("certificate-authority-data: {ca}")
     };
@@ -640,16 +854,31 @@ pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str, rbac:
 
 /// The API server's /metrics text (admin).
 pub fn apiserver_metrics(env: &TestEnv) -> String {
-    let out = env.kubectl().args(["get", "--raw", "/metrics"]).output().expect("kubectl");
-    assert!(out.status.success(), "GET /metrics: {}", String::from_utf8_lossy(&out.stderr));
+    let out = env
+        .kubectl()
+        .args(["get", "--raw", "/metrics"])
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "GET /metrics: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Ready flag per pod name, lowest Ready count seen, pod events seen.
+type FloorState = (
+    std::collections::BTreeMap<String, bool>,
+    Option<usize>,
+    usize,
+);
 
 /// Follows the pods of an instance through a watch and keeps the lowest number of members
 /// that were Ready (and not being deleted) at any moment: exact, unlike sampling, however
 /// quickly the fake kubelet replaces pods.
 pub struct ReadyFloor {
-    state: Arc<Mutex<(std::collections::BTreeMap<String, bool>, Option<usize>, usize)>>,
+    state: Arc<Mutex<FloorState>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -657,7 +886,7 @@ impl ReadyFloor {
     pub fn start(env: &TestEnv, instance: &str) -> ReadyFloor {
         let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
         let cfg = watcher::Config::default().labels(&format!("{INSTANCE_LABEL}={instance}"));
-        let state: Arc<Mutex<(std::collections::BTreeMap<String, bool>, Option<usize>, usize)>> =
+        let state: Arc<Mutex<FloorState>> =
             Arc::new(Mutex::new((std::collections::BTreeMap::new(), None, 0)));
         let st = Arc::clone(&state);
         let task = tokio::spawn(async move {
@@ -669,9 +898,12 @@ impl ReadyFloor {
                 match ev {
                     Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p)) => {
                         let ready = p.metadata.deletion_timestamp.is_none()
-                            && p.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
-                                c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                            });
+                            && p.status
+                                .as_ref()
+                                .and_then(|s| s.conditions.as_ref())
+                                .is_some_and(|c| {
+                                    c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                                });
                         members.insert(p.name_any(), ready);
                     }
                     Ok(watcher::Event::Delete(p)) => {
@@ -717,7 +949,10 @@ pub struct Teardown<'a> {
 
 impl<'a> Teardown<'a> {
     pub fn new(env: &'a TestEnv) -> Teardown<'a> {
-        Teardown { env, namespace: env.namespace.clone() }
+        Teardown {
+            env,
+            namespace: env.namespace.clone(),
+        }
     }
 }
 
@@ -730,16 +965,36 @@ impl Drop for Teardown<'_> {
             let _ = cmd.stdout(Stdio::null()).stderr(Stdio::null()).status();
         };
         for kind in KINDS {
-            let Ok(out) = self.env.kubectl().args(["get", kind.plural, "-n", &self.namespace, "-o", "name"]).output() else {
+            let Ok(out) = self
+                .env
+                .kubectl()
+                .args(["get", kind.plural, "-n", &self.namespace, "-o", "name"])
+                .output()
+            else {
                 continue;
             };
             for obj in String::from_utf8_lossy(&out.stdout).lines() {
-                quiet(self.env.kubectl().args(["patch", "-n", &self.namespace, obj, "--type", "merge", "-p", r#"{"metadata":{"finalizers":null}}"#]));
+                quiet(self.env.kubectl().args([
+                    "patch",
+                    "-n",
+                    &self.namespace,
+                    obj,
+                    "--type",
+                    "merge",
+                    "-p",
+                    r#"{"metadata":{"finalizers":null}}"#,
+                ]));
             }
         }
         if std::thread::panicking() {
             eprintln!("e2e: deleting namespace {} of the failed test (STATEWARD_KEEP_NAMESPACES=1 keeps it)", self.namespace);
-            quiet(self.env.kubectl().args(["delete", "namespace", &self.namespace, "--wait=false", "--ignore-not-found"]));
+            quiet(self.env.kubectl().args([
+                "delete",
+                "namespace",
+                &self.namespace,
+                "--wait=false",
+                "--ignore-not-found",
+            ]));
         }
     }
 }
