@@ -13,6 +13,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
+use tokio::sync::broadcast;
 
 /// The label every child carries: the name of the custom resource it belongs to.
 pub const INSTANCE_LABEL: &str = "stateward.dev/instance";
@@ -27,6 +28,19 @@ pub struct Children {
     pub pdbs: Store<PodDisruptionBudget>,
     pub pvcs: Store<PersistentVolumeClaim>,
     pub triggers: Triggers,
+    /// Relists and deletions, which the shared change streams do not carry (they only
+    /// announce objects that exist), so that a deleted child is recreated at once.
+    changes: broadcast::Sender<ChildChange>,
+}
+
+/// A change to the children that must make their owner reconcile.
+#[derive(Clone, Debug)]
+pub enum ChildChange {
+    /// A watch finished a (re)list: after a gap, objects may have gone without a delete
+    /// event, so every resource must be looked at again.
+    Relisted,
+    /// A child carrying `stateward.dev/instance=<instance>` was deleted.
+    Deleted { namespace: String, instance: String },
 }
 
 /// Change streams of every child kind, cloned into each controller.
@@ -51,7 +65,11 @@ where
 }
 
 /// Starts one watch per kind; the streams retry with backoff forever and never end on error.
-fn start<K>(client: &Client, namespace: Option<&str>) -> (Store<K>, ReflectHandle<K>)
+fn start<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    changes: &broadcast::Sender<ChildChange>,
+) -> (Store<K>, ReflectHandle<K>)
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -66,13 +84,27 @@ where
         .subscribe()
         .expect("store_shared always gives a subscribable writer");
     let config = watcher::Config::default().labels(INSTANCE_LABEL);
+    let changes = changes.clone();
     let stream = watcher(api::<K>(client, namespace), config)
         .default_backoff()
         .reflect_shared(writer)
-        .for_each(|event| async move {
-            if let Err(err) = event {
-                tracing::warn!(kind = std::any::type_name::<K>(), error = %err, "child watch error; retrying");
+        .for_each(move |event| {
+            match event {
+                // Sending fails only while no controller listens; nothing is lost then.
+                Ok(watcher::Event::InitDone) => drop(changes.send(ChildChange::Relisted)),
+                Ok(watcher::Event::Delete(child)) => {
+                    if let (Some(namespace), Some(instance)) =
+                        (child.namespace(), child.labels().get(INSTANCE_LABEL).cloned())
+                    {
+                        drop(changes.send(ChildChange::Deleted { namespace, instance }));
+                    }
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(kind = std::any::type_name::<K>(), error = %err, "child watch error; retrying")
+                }
             }
+            std::future::ready(())
         });
     tokio::spawn(stream);
     (store, handle)
@@ -80,13 +112,15 @@ where
 
 impl Children {
     pub fn start(client: &Client, namespace: Option<&str>) -> Self {
-        let (statefulsets, t1) = start(client, namespace);
-        let (services, t2) = start(client, namespace);
-        let (configmaps, t3) = start(client, namespace);
-        let (secrets, t4) = start(client, namespace);
-        let (pdbs, t5) = start(client, namespace);
-        let (pvcs, t6) = start(client, namespace);
+        let (changes, _) = broadcast::channel(1024);
+        let (statefulsets, t1) = start(client, namespace, &changes);
+        let (services, t2) = start(client, namespace, &changes);
+        let (configmaps, t3) = start(client, namespace, &changes);
+        let (secrets, t4) = start(client, namespace, &changes);
+        let (pdbs, t5) = start(client, namespace, &changes);
+        let (pvcs, t6) = start(client, namespace, &changes);
         Self {
+            changes,
             statefulsets,
             services,
             configmaps,
@@ -102,6 +136,19 @@ impl Children {
                 pvcs: t6,
             },
         }
+    }
+
+    /// Every change from now on; a listener that fell behind gets `Relisted` instead of
+    /// what it missed.
+    pub fn changes(&self) -> impl futures::Stream<Item = ChildChange> + Send + 'static {
+        futures::stream::unfold(self.changes.subscribe(), |mut rx| async move {
+            let change = match rx.recv().await {
+                Ok(change) => change,
+                Err(broadcast::error::RecvError::Lagged(_)) => ChildChange::Relisted,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            Some((change, rx))
+        })
     }
 
     /// Resolves once every cache has listed; nothing may be written before that.

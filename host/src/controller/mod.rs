@@ -251,6 +251,21 @@ async fn controller(ctx: Arc<Context>, namespace: Option<String>, concurrency: u
         .watches_shared_stream(t.secrets, { let ar = ar.clone(); move |c| mapper(&ar, c) })
         .watches_shared_stream(t.pdbs, { let ar = ar.clone(); move |c| mapper(&ar, c) })
         .watches_shared_stream(t.pvcs, { let ar = ar.clone(); move |c| mapper(&ar, c) })
+        .reconcile_all_on(ctx.children.changes().filter_map(|c| async move {
+            matches!(c, children::ChildChange::Relisted).then_some(())
+        }))
+        .reconcile_on(ctx.children.changes().filter_map({
+            let ar = ar.clone();
+            move |c| {
+                let target = match c {
+                    children::ChildChange::Deleted { namespace, instance } => {
+                        Some(ObjectRef::new_with(&instance, ar.clone()).within(&namespace))
+                    }
+                    children::ChildChange::Relisted => None,
+                };
+                async move { target }
+            }
+        }))
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, error_policy, Arc::clone(&ctx))
         .for_each(|result| async move {

@@ -60,21 +60,30 @@ pub fn derive(cluster: &Cluster, sts: Option<&Value>, desired_image: &str) -> De
         .and_then(|c| c.get(0))
         .and_then(|c| str_at(c, &["image"]));
     let creating = matches!(cluster.last_phase.as_deref(), None | Some("Pending"));
+    // A rollout replaces pods one at a time, so the pod count dips while it runs: look at
+    // revisions and images before counting replicas, or an upgrade reads as scaling.
+    let rolling = image != Some(desired_image)
+        || (update_rev.is_some() && current_rev != update_rev)
+        || (updated < desired && !creating);
+    let generation_lag = seen_generation < generation;
 
     let (phase, reason, message) = if cluster.deleting {
         (Phase::Deleting, "Deleting", "the cluster is being deleted".to_string())
-    } else if spec_replicas != desired || (replicas != desired && !creating) {
+    } else if spec_replicas != desired {
         (Phase::Scaling, "Scaling", format!("scaling from {replicas} to {desired} replicas"))
-    } else if image != Some(desired_image)
-        || (update_rev.is_some() && current_rev != update_rev)
-        || seen_generation < generation
-        || (updated < desired && !creating)
-    {
-        (Phase::Upgrading, "RollingUpdate", format!("{updated} of {desired} replicas updated"))
-    } else if ready >= desired {
-        (Phase::Running, "Converged", format!("{ready} of {desired} replicas ready"))
-    } else if creating {
+    } else if creating && (ready < desired || generation_lag) {
         (Phase::Pending, "Creating", format!("{ready} of {desired} replicas ready"))
+    } else if rolling {
+        (Phase::Upgrading, "RollingUpdate", format!("{updated} of {desired} replicas updated"))
+    } else if generation_lag {
+        // The StatefulSet controller has not looked at the last change yet: stay in the
+        // phase that change started.
+        match cluster.last_phase.as_deref() {
+            Some("Scaling") => (Phase::Scaling, "Scaling", format!("scaling from {replicas} to {desired} replicas")),
+            _ => (Phase::Upgrading, "RollingUpdate", format!("{updated} of {desired} replicas updated")),
+        }
+    } else if replicas != desired {
+        (Phase::Scaling, "Scaling", format!("scaling from {replicas} to {desired} replicas"))
     } else {
         (Phase::Running, "Converged", format!("{ready} of {desired} replicas ready"))
     };

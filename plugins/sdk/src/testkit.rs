@@ -330,6 +330,13 @@ macro_rules! plugin_suite {
                 let p = plan(&running, &tk::with_sts_status(&children, 3, 3, 1, ("r1", "r2")));
                 assert_eq!(p.status.phase, Phase::Upgrading);
                 assert_eq!(tk::condition(&p, "Progressing").1, "RollingUpdate");
+                // A rollout takes a pod down: the dip in replicas is still an upgrade.
+                let upgrading = tk::with_phase(cr.clone(), "Upgrading");
+                let p = plan(&upgrading, &tk::with_sts_status(&children, 2, 2, 1, ("r1", "r2")));
+                assert_eq!(p.status.phase, Phase::Upgrading);
+                // Pods still being added after a scale-up whose spec is applied: Scaling.
+                let p = plan(&tk::with_phase(cr.clone(), "Scaling"), &tk::with_sts_status(&children, 2, 2, 3, ("r1", "r1")));
+                assert_eq!(p.status.phase, Phase::Scaling);
 
                 let mut upgraded = running.clone();
                 upgraded["spec"]["image"] = json!("registry.example/custom:1");
@@ -353,14 +360,15 @@ macro_rules! plugin_suite {
             }
 
             #[test]
-            fn retention_policy_reaches_the_statefulset_and_finalize() {
+            fn retention_policy_is_carried_out_by_finalize_only() {
                 let sts = tk::find(&plan(&base(), &[]), "StatefulSet");
                 assert_eq!(sts["spec"]["persistentVolumeClaimRetentionPolicy"], json!({ "whenDeleted": "Retain", "whenScaled": "Retain" }));
                 let mut del = base();
                 del["spec"]["retentionPolicy"] = json!("Delete");
                 let p = plan(&del, &[]);
                 let sts = tk::find(&p, "StatefulSet");
-                assert_eq!(sts["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDeleted"], "Delete");
+                // Deleting the StatefulSet alone never takes the claims, even with Delete.
+                assert_eq!(sts["spec"]["persistentVolumeClaimRetentionPolicy"], json!({ "whenDeleted": "Retain", "whenScaled": "Retain" }));
 
                 let mut children = tk::applied(&p);
                 children.extend([tk::pvc("main", 0), tk::pvc("main", 1), tk::pvc("other", 0)]);

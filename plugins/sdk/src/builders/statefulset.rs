@@ -205,8 +205,11 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str) -> Value {
             "podManagementPolicy": if c.parallel { "Parallel" } else { "OrderedReady" },
             "updateStrategy": { "type": "RollingUpdate" },
             "selector": { "matchLabels": ctx.selector() },
+            // Claims outlive the StatefulSet always: deleting it (by hand, or while the
+            // operator is down) must never take data with it. retentionPolicy: Delete is
+            // carried out by finalize, which deletes the claims when the cluster is deleted.
             "persistentVolumeClaimRetentionPolicy": {
-                "whenDeleted": spec.retention.as_str(),
+                "whenDeleted": "Retain",
                 "whenScaled": "Retain",
             },
             "template": {
