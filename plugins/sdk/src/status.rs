@@ -64,7 +64,8 @@ pub fn derive(cluster: &Cluster, sts: Option<&Value>, desired_image: &str) -> De
     // revisions and images before counting replicas, or an upgrade reads as scaling.
     let rolling = image != Some(desired_image)
         || (update_rev.is_some() && current_rev != update_rev)
-        || (updated < desired && !creating);
+        // Existing pods not yet on the update revision; pods still being added are scaling.
+        || (updated < replicas.min(desired) && !creating);
     let generation_lag = seen_generation < generation;
 
     let (phase, reason, message) = if cluster.deleting {
