@@ -62,10 +62,9 @@ pub fn derive(cluster: &Cluster, sts: Option<&Value>, desired_image: &str) -> De
     let creating = matches!(cluster.last_phase.as_deref(), None | Some("Pending"));
     // A rollout replaces pods one at a time, so the pod count dips while it runs: look at
     // revisions and images before counting replicas, or an upgrade reads as scaling.
-    let rolling = image != Some(desired_image)
-        || (update_rev.is_some() && current_rev != update_rev)
-        // Existing pods not yet on the update revision; pods still being added are scaling.
-        || (updated < replicas.min(desired) && !creating);
+    // Only revisions tell a rollout: pod counts (updatedReplicas among them) move while
+    // pods are added or removed too.
+    let rolling = image != Some(desired_image) || (update_rev.is_some() && current_rev != update_rev);
     let generation_lag = seen_generation < generation;
 
     let (phase, reason, message) = if cluster.deleting {
