@@ -740,7 +740,9 @@ impl Drop for Operator {
 }
 
 fn plugin_dir() -> anyhow::Result<PathBuf> {
-    let dir = root().join("target/plugins");
+    // scripts/build-plugins puts them under the cargo target dir, wherever that is.
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target"));
+    let dir = target.join("plugins");
     for p in ["postgres", "redis", "elasticsearch"] {
         let f = dir.join(format!("{p}.wasm"));
         ensure!(

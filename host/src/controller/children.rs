@@ -2,12 +2,14 @@
 //! `stateward.dev/instance`, so observing a resource costs no API read.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::reflector::{self, store::Writer, ReflectHandle, Store};
+use kube::runtime::utils::{Backoff, ResetTimerBackoff};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -86,7 +88,7 @@ where
     let config = watcher::Config::default().labels(INSTANCE_LABEL);
     let changes = changes.clone();
     let stream = watcher(api::<K>(client, namespace), config)
-        .default_backoff()
+        .backoff(watch_backoff())
         .reflect_shared(writer)
         .for_each(move |event| {
             match event {
@@ -108,6 +110,32 @@ where
         });
     tokio::spawn(stream);
     (store, handle)
+}
+
+/// Retries a broken child watch quickly, doubling from 0.5 s to at most 5 s: until it is
+/// back, a deleted child goes unnoticed (kube's default waits up to 30 s).
+fn watch_backoff() -> ResetTimerBackoff<Doubling> {
+    ResetTimerBackoff::new(Doubling::default(), Duration::from_secs(60))
+}
+
+#[derive(Default)]
+struct Doubling {
+    failures: u32,
+}
+
+impl Iterator for Doubling {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        let delay = Duration::from_millis(500).saturating_mul(1 << self.failures.min(4));
+        self.failures = self.failures.saturating_add(1);
+        Some(delay.min(Duration::from_secs(5)))
+    }
+}
+
+impl Backoff for Doubling {
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
 }
 
 impl Children {
