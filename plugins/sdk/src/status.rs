@@ -76,11 +76,13 @@ pub fn derive(cluster: &Cluster, sts: Option<&Value>, desired_image: &str) -> De
     } else if rolling {
         (Phase::Upgrading, "RollingUpdate", format!("{updated} of {desired} replicas updated"))
     } else if generation_lag {
-        // The StatefulSet controller has not looked at the last change yet: stay in the
-        // phase that change started.
-        match cluster.last_phase.as_deref() {
-            Some("Scaling") => (Phase::Scaling, "Scaling", format!("scaling from {replicas} to {desired} replicas")),
-            _ => (Phase::Upgrading, "RollingUpdate", format!("{updated} of {desired} replicas updated")),
+        // The StatefulSet controller has not looked at the last change yet. A pod count
+        // away from the target means scaling; otherwise keep the phase that change started
+        // (the resource read here may predate our own last status write).
+        if replicas != desired || cluster.last_phase.as_deref() == Some("Scaling") {
+            (Phase::Scaling, "Scaling", format!("scaling from {replicas} to {desired} replicas"))
+        } else {
+            (Phase::Upgrading, "RollingUpdate", format!("{updated} of {desired} replicas updated"))
         }
     } else if replicas != desired {
         (Phase::Scaling, "Scaling", format!("scaling from {replicas} to {desired} replicas"))
