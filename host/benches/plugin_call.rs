@@ -78,6 +78,11 @@ fn main() {
             plugin.reconcile(RESOURCE, &children, 0, "default").expect("plan");
         });
         rows.push((name, percentiles(s)));
+        // A fresh instance answering a trivial call: the sandbox's fixed cost per call.
+        let s = sample(2000, || {
+            plugin.validate("", None).expect("validate");
+        });
+        rows.push((format!("instantiate + trivial call/{allocator:?}"), percentiles(s)));
     }
 
     let sandbox = Sandbox::new(Limits::default(), AllocatorKind::OnDemand, None).expect("sandbox");
