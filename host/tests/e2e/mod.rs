@@ -215,6 +215,8 @@ pub struct OperatorOpts {
     pub kubeconfig: Option<PathBuf>,
     /// `--identity`; the default one is hostname-pid.
     pub identity: Option<String>,
+    /// Plugins to load instead of the three built ones.
+    pub plugin_dir: Option<PathBuf>,
 }
 
 /// The operator binary as a child process. Killed (SIGKILL) on drop; its log is printed when
@@ -298,7 +300,7 @@ impl Operator {
             .arg("--audit-log")
             .arg(&audit)
             .arg("--plugin-dir")
-            .arg(plugin_dir())
+            .arg(opts.plugin_dir.clone().unwrap_or_else(plugin_dir))
             .arg("--wasm-cache")
             .arg(wasm_cache())
             .arg("--policy-dir")
