@@ -718,6 +718,7 @@ async fn converged_resource_reconciled_again_makes_zero_writes() {
             lease_namespace: env.namespace.clone(),
             kubeconfig: Some(kubeconfig),
             identity: None,
+            plugin_dir: None,
         },
     );
     op.wait_ready(START).await;
@@ -999,6 +1000,7 @@ async fn namespace_mode_ignores_other_namespaces() {
             lease_namespace: env.namespace.clone(),
             kubeconfig: Some(kubeconfig),
             identity: None,
+            plugin_dir: None,
         },
     );
     let kind = POSTGRES;
@@ -1078,6 +1080,7 @@ async fn leader_failover_within_20s() {
         lease_namespace: env.namespace.clone(),
         kubeconfig: None,
         identity: Some(id.to_string()),
+        plugin_dir: None,
     };
     let mut a = Operator::start_with(&env, "leader-a", opts("replica-a"));
     let mut b = Operator::start_with(&env, "leader-b", opts("replica-b"));
