@@ -89,11 +89,8 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
     let desired = status::desired(&resource, &plan.status, &stamp, &now_rfc3339());
     if status::differs(&resource, &desired) {
         write_status(obj, ctx, &desired).await?;
-        let phase = status::phase_word(plan.status.phase);
-        if resource.pointer("/status/phase").and_then(Value::as_str) != Some(phase) {
-            ctx.events.publish(obj, EventType::Normal, "PhaseChanged", &format!("phase is now {phase}")).await;
-        }
     }
+    // Phase changes arrive as the plugin's own events (the sdk emits PhaseChanged).
     for event in &plan.events {
         ctx.events.publish(obj, event.type_, &event.reason, &event.message).await;
     }
