@@ -9,9 +9,10 @@ mod error;
 mod events;
 mod reconcile;
 mod status;
+pub mod sweep;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -27,8 +28,9 @@ pub use children::INSTANCE_LABEL;
 pub use error::Error;
 
 use crate::leader::{self, LeaderConfig, Leadership};
-use crate::policy::Gate;
-use crate::runtime::{Plugin, Registry, Sandbox};
+use crate::policy::{Bundle, LiveGate};
+use crate::reload::{Reloader, Swap};
+use crate::runtime::{LiveRegistry, Plugin, Registry, Sandbox};
 use crate::telemetry::{DebugState, Metrics};
 
 /// The finalizer that guards every managed resource until its plugin says cleanup is done.
@@ -42,13 +44,19 @@ pub struct Settings {
     pub leader: LeaderConfig,
     /// Reconciles running at once per kind.
     pub concurrency: u16,
+    /// How often the audit sweep re-evaluates every resource against the admission policy.
+    pub sweep_interval: Duration,
+    /// The bundle that serves when no policy ConfigMap exists (hot reload falls back to it).
+    pub shipped_bundle: Bundle,
 }
 
 /// A kind served by a plugin: how to reach it in the API and which plugin serves it now.
 pub struct KindBinding {
+    pub group: String,
     pub kind: String,
     pub api_resource: ApiResource,
-    plugin: RwLock<Arc<Plugin>>,
+    /// The build that served when the controller started, should the registry lose the kind.
+    started_with: Arc<Plugin>,
 }
 
 /// Everything one reconcile needs; shared by all reconciles of a kind.
@@ -57,9 +65,11 @@ pub struct Context {
     pub kind: Arc<KindBinding>,
     children: children::Children,
     sandbox: Arc<Sandbox>,
-    gate: Arc<Gate>,
+    registry: Arc<LiveRegistry>,
+    gate: Arc<LiveGate>,
     metrics: Metrics,
     events: events::Events,
+    findings: sweep::Findings,
     applier: Arc<apply::Applier>,
     backoff: backoff::Backoff,
     leadership: Leadership,
@@ -68,10 +78,9 @@ pub struct Context {
 impl Context {
     /// The plugin serving this kind right now; a reconcile keeps the one it started with.
     pub fn plugin(&self) -> Arc<Plugin> {
-        match self.kind.plugin.read() {
-            Ok(p) => Arc::clone(&p),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
+        self.registry
+            .get(&self.kind.group, &self.kind.kind)
+            .unwrap_or_else(|| Arc::clone(&self.kind.started_with))
     }
 }
 
@@ -89,19 +98,17 @@ pub enum RunError {
 pub async fn run(
     client: Client,
     sandbox: Arc<Sandbox>,
-    registry: Registry,
-    gate: Arc<Gate>,
+    registry: Arc<LiveRegistry>,
+    gate: Arc<LiveGate>,
     settings: Settings,
 ) -> Result<(), RunError> {
     let metrics = Metrics::new();
     let debug = DebugState::default();
-    debug.set_policy(gate.engine().digest());
-    let plugins: Vec<serde_json::Value> = registry.plugins().iter().map(|p| {
+    debug.set_policy(gate.current().engine().digest());
+    metrics.policy_bundle_loaded(gate.current().engine().digest());
+    for p in registry.snapshot().plugins() {
         metrics.plugin_loaded(p.name(), p.version(), p.digest());
-        serde_json::json!({"name": p.name(), "version": p.version(), "digest": p.digest(),
-            "kinds": p.info().kinds.iter().map(|k| &k.kind).collect::<Vec<_>>()})
-    }).collect();
-    debug.set_plugins(serde_json::Value::Array(plugins));
+    }
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -121,6 +128,23 @@ pub async fn run(
         .map_err(|source| RunError::Http { addr: settings.http_addr, source })?;
     tokio::spawn(crate::telemetry::http::serve_listener(listener, metrics.clone(), debug.clone(), stopped()));
 
+    let (mut leadership, leader_task) = leader::spawn(client.clone(), settings.leader.clone(), stopped());
+    let (swaps, _) = tokio::sync::broadcast::channel(64);
+    let reloader = Reloader {
+        client: client.clone(),
+        namespace: settings.leader.namespace.clone(),
+        sandbox: Arc::clone(&sandbox),
+        registry: Arc::clone(&registry),
+        gate: Arc::clone(&gate),
+        shipped_bundle: settings.shipped_bundle.clone(),
+        metrics: metrics.clone(),
+        debug: debug.clone(),
+        leadership: leadership.clone(),
+        identity: settings.leader.identity.clone(),
+        swaps: swaps.clone(),
+    };
+    let mut reloaded = reloader.spawn();
+
     // Caches are reads: every replica keeps them warm so a takeover starts at once.
     let children = children::Children::start(&client, settings.namespace.as_deref());
     tokio::select! {
@@ -130,23 +154,32 @@ pub async fn run(
     for watch in ["statefulsets", "services", "configmaps", "secrets", "poddisruptionbudgets", "persistentvolumeclaims"] {
         debug.set_watch(watch, true);
     }
+    // Controllers start on the plugins and policy the ConfigMaps ask for, not the built-ins.
+    tokio::select! {
+        _ = reloaded.wait_for(|s| *s) => {}
+        _ = stopped() => return Ok(()),
+    }
+    debug.set_watch("reload-configmaps", true);
     debug.set_ready(true);
 
-    let (mut leadership, leader_task) = leader::spawn(client.clone(), settings.leader.clone(), stopped());
     let applier = Arc::new(apply::Applier::new(client.clone()));
-    let shared = Shared { client, children, sandbox, gate, metrics, applier, leadership: leadership.clone() };
+    let shared = Shared { client, children, sandbox, registry, gate, metrics, applier, leadership: leadership.clone(), swaps };
     // Lead while we hold the Lease; when it is lost (e.g. the API server was unreachable past
     // the renew deadline) stop every controller before campaigning again, so that there is
-    // never a moment with two writers, and never exit for it.
+    // never a moment with two writers, and never exit for it. A plugin that brings new kinds
+    // restarts the controllers so the new kinds get theirs.
+    let mut leading = false;
     loop {
-        tracing::info!(identity = %settings.leader.identity, "waiting for leadership");
-        tokio::select! {
-            _ = leadership.acquired() => {}
-            _ = stopped() => break,
+        if !leading {
+            tracing::info!(identity = %settings.leader.identity, "waiting for leadership");
+            tokio::select! {
+                _ = leadership.acquired() => {}
+                _ = stopped() => break,
+            }
+            debug.set_leader(true);
+            tracing::info!("became leader");
         }
-        debug.set_leader(true);
-        tracing::info!("became leader");
-        let tasks = start_controllers(&shared, &registry, &settings, &debug, &stopped)?;
+        let tasks = start_controllers(&shared, &settings, &debug, &stopped)?;
         let lost = async {
             loop {
                 match leadership.changed().await {
@@ -155,22 +188,42 @@ pub async fn run(
                 }
             }
         };
-        let stop = tokio::select! {
-            _ = stopped() => true,
-            _ = lost => false,
+        let mut swaps = shared.swaps.subscribe();
+        let new_kinds = async move {
+            loop {
+                match swaps.recv().await {
+                    Ok(Swap::Plugin { new_kinds: true, .. }) => return,
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
+                }
+            }
         };
-        debug.set_leader(false);
+        enum Next { Stop, Lost, Restart }
+        let next = tokio::select! {
+            _ = stopped() => Next::Stop,
+            _ = lost => Next::Lost,
+            _ = new_kinds => Next::Restart,
+        };
         for task in &tasks {
             task.abort();
         }
         for task in tasks {
             let _ = task.await;
         }
-        if stop {
-            break;
+        match next {
+            Next::Stop => break,
+            Next::Restart => {
+                tracing::info!("a plugin brought new kinds; restarting the controllers");
+                leading = true;
+            }
+            Next::Lost => {
+                debug.set_leader(false);
+                leading = false;
+                tracing::warn!("lost leadership; controllers stopped, campaigning again");
+            }
         }
-        tracing::warn!("lost leadership; controllers stopped, campaigning again");
     }
+    debug.set_leader(false);
     debug.set_ready(false);
     let _ = tokio::time::timeout(Duration::from_secs(5), leader_task).await;
     Ok(())
@@ -181,16 +234,17 @@ struct Shared {
     client: Client,
     children: children::Children,
     sandbox: Arc<Sandbox>,
-    gate: Arc<Gate>,
+    registry: Arc<LiveRegistry>,
+    gate: Arc<LiveGate>,
     metrics: Metrics,
     applier: Arc<apply::Applier>,
     leadership: Leadership,
+    swaps: tokio::sync::broadcast::Sender<Swap>,
 }
 
 /// Starts one controller per plugin-declared kind.
 fn start_controllers<S, F>(
     shared: &Shared,
-    registry: &Registry,
     settings: &Settings,
     debug: &DebugState,
     stopped: &S,
@@ -199,6 +253,7 @@ where
     S: Fn() -> F,
     F: std::future::Future<Output = ()> + Send + Sync + 'static,
 {
+    let registry: Registry = shared.registry.snapshot();
     let mut tasks = Vec::new();
     for plugin in registry.plugins() {
         for kind in &plugin.info().kinds {
@@ -209,32 +264,77 @@ where
             let gvk = GroupVersionKind::gvk(&kind.group, &storage.name, &kind.kind);
             let api_resource = ApiResource::from_gvk_with_plural(&gvk, &kind.plural);
             let binding = Arc::new(KindBinding {
+                group: kind.group.clone(),
                 kind: kind.kind.clone(),
                 api_resource: api_resource.clone(),
-                plugin: RwLock::new(Arc::clone(&plugin)),
+                started_with: Arc::clone(&plugin),
             });
             let ctx = Arc::new(Context {
                 client: shared.client.clone(),
                 kind: binding,
                 children: shared.children.clone(),
                 sandbox: Arc::clone(&shared.sandbox),
+                registry: Arc::clone(&shared.registry),
                 gate: Arc::clone(&shared.gate),
                 metrics: shared.metrics.clone(),
                 events: events::Events::new(shared.client.clone(), &settings.leader.identity, api_resource),
+                findings: sweep::Findings::default(),
                 applier: Arc::clone(&shared.applier),
                 backoff: backoff::Backoff::default(),
                 leadership: shared.leadership.clone(),
             });
             debug.set_watch(&kind.plural, true);
-            tasks.push(tokio::spawn(controller(ctx, settings.namespace.clone(), settings.concurrency, stopped())));
+            let triggers = Triggers::new(&shared.swaps, &kind.group, &kind.kind);
+            tasks.push(tokio::spawn(controller(ctx, settings.namespace.clone(), settings.concurrency, settings.sweep_interval, triggers, stopped())));
         }
     }
     Ok(tasks)
 }
 
+/// Reasons to look at every resource of a kind again, from outside its watches.
+struct Triggers {
+    /// A new plugin build for this kind: requeue every resource once.
+    plugin_swapped: futures::stream::BoxStream<'static, ()>,
+    /// A new policy bundle: sweep, and requeue everything once (the guardrails changed).
+    policy_swapped: futures::stream::BoxStream<'static, ()>,
+    policy_swapped_for_sweep: futures::stream::BoxStream<'static, ()>,
+}
+
+impl Triggers {
+    fn new(swaps: &tokio::sync::broadcast::Sender<Swap>, group: &str, kind: &str) -> Self {
+        let key = (group.to_string(), kind.to_string());
+        let stream = |filter: Box<dyn Fn(&Swap) -> bool + Send + Sync>| {
+            futures::stream::unfold((swaps.subscribe(), filter), |(mut rx, filter)| async move {
+                loop {
+                    match rx.recv().await {
+                        Ok(swap) if filter(&swap) => return Some(((), (rx, filter))),
+                        Ok(_) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Some(((), (rx, filter))),
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            })
+            .boxed()
+        };
+        let is_policy = || Box::new(|s: &Swap| matches!(s, Swap::Policy)) as Box<dyn Fn(&Swap) -> bool + Send + Sync>;
+        Self {
+            plugin_swapped: stream(Box::new(move |s| matches!(s, Swap::Plugin { kinds, .. } if kinds.contains(&key)))),
+            policy_swapped: stream(is_policy()),
+            policy_swapped_for_sweep: stream(is_policy()),
+        }
+    }
+}
+
 /// One kind's controller: its own watch of the custom resources, triggered also by any child
-/// carrying the instance label.
-async fn controller(ctx: Arc<Context>, namespace: Option<String>, concurrency: u16, stop: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+/// carrying the instance label, by plugin and policy swaps, and by the audit sweep.
+async fn controller(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    concurrency: u16,
+    sweep_interval: Duration,
+    triggers: Triggers,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
     let ar = ctx.kind.api_resource.clone();
     let api: Api<DynamicObject> = match &namespace {
         Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &ar),
@@ -243,6 +343,9 @@ async fn controller(ctx: Arc<Context>, namespace: Option<String>, concurrency: u
     let t = ctx.children.triggers.clone();
     let controller = Controller::new_with(api, watcher::Config::default(), ar.clone());
     let counting = count_phases(controller.store(), Arc::clone(&ctx));
+    let (swept_tx, swept_rx) = tokio::sync::mpsc::unbounded_channel();
+    let sweeping = sweep::run(Arc::clone(&ctx), controller.store(), sweep_interval, triggers.policy_swapped_for_sweep, swept_tx);
+    let swept = futures::stream::unfold(swept_rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
     let running = controller
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .watches_shared_stream(t.statefulsets, { let ar = ar.clone(); move |c| mapper(&ar, c) })
@@ -254,6 +357,9 @@ async fn controller(ctx: Arc<Context>, namespace: Option<String>, concurrency: u
         .reconcile_all_on(ctx.children.changes().filter_map(|c| async move {
             matches!(c, children::ChildChange::Relisted).then_some(())
         }))
+        .reconcile_all_on(triggers.plugin_swapped)
+        .reconcile_all_on(triggers.policy_swapped)
+        .reconcile_on(swept)
         .reconcile_on(ctx.children.changes().filter_map({
             let ar = ar.clone();
             move |c| {
@@ -273,10 +379,12 @@ async fn controller(ctx: Arc<Context>, namespace: Option<String>, concurrency: u
                 tracing::debug!(error = %err, "controller event");
             }
         });
-    // The counter ends with the controller: the select drops it when the run stream ends.
+    // The counter and the sweep end with the controller: the select drops them when the run
+    // stream ends.
     tokio::select! {
         _ = running => {}
         _ = counting => {}
+        _ = sweeping => {}
     }
 }
 

@@ -17,7 +17,7 @@ use crate::runtime::{Action, EventType, Plugin};
 /// How long a converged resource waits before it is looked at again without any event.
 const RESYNC: Duration = Duration::from_secs(600);
 
-#[tracing::instrument(skip_all, fields(kind = %ctx.kind.kind, namespace = obj.namespace().unwrap_or_default(), name = %obj.name_any(), generation = obj.metadata.generation.unwrap_or_default()))]
+#[tracing::instrument(skip_all, fields(kind = %ctx.kind.kind, namespace = obj.namespace().unwrap_or_default(), name = %obj.name_any(), generation = obj.metadata.generation.unwrap_or_default(), result = tracing::field::Empty, otel.status_code = tracing::field::Empty))]
 pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = Instant::now();
     let result = run(&obj, &ctx).await;
@@ -25,6 +25,11 @@ pub async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Req
         Ok(_) => "success",
         Err(e) => e.label(),
     };
+    let span = tracing::Span::current();
+    span.record("result", label);
+    if result.is_err() {
+        span.record("otel.status_code", "ERROR");
+    }
     ctx.metrics.reconcile(&ctx.kind.kind, label, started.elapsed().as_secs_f64());
     if result.is_ok() {
         ctx.backoff.reset(&obj);
@@ -53,13 +58,16 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
 
     let call = {
         let (guest, ns) = (Arc::clone(&plugin), namespace.clone());
-        let span = tracing::info_span!("plugin.call", plugin = plugin.name(), version = plugin.version(), export = "reconcile");
+        let span = plugin_span(&plugin, "reconcile");
         let started = Instant::now();
+        let in_call = span.clone();
         let answer = ctx
             .sandbox
-            .run_blocking(move || span.in_scope(|| guest.reconcile(&resource_text, &child_text, now_ms, &ns)))
+            .run_blocking(move || in_call.in_scope(|| guest.reconcile(&resource_text, &child_text, now_ms, &ns)))
             .await?;
-        ctx.metrics.plugin_call(plugin.name(), "reconcile", started.elapsed().as_secs_f64());
+        let elapsed = started.elapsed();
+        span.record("elapsed_ms", elapsed.as_secs_f64() * 1e3);
+        ctx.metrics.plugin_call(plugin.name(), "reconcile", elapsed.as_secs_f64());
         answer
     };
     let plan = match call {
@@ -76,17 +84,13 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
 
     gate(obj, ctx, &plugin, &resource, &plan.actions).await?;
 
-    async {
-        for action in &plan.actions {
-            execute(ctx, action, &resource, &namespace, &children).await?;
-        }
-        Ok::<_, Error>(())
+    for action in &plan.actions {
+        execute(ctx, action, &resource, &namespace, &children).await?;
     }
-    .instrument(tracing::info_span!("apply", actions = plan.actions.len()))
-    .await?;
 
     let stamp = PluginStamp { name: plugin.name(), version: plugin.version(), digest: plugin.digest() };
-    let desired = status::desired(&resource, &plan.status, &stamp, &now_rfc3339());
+    let finding = ctx.findings.get(&namespace, &name).map(|f| f.condition());
+    let desired = status::desired(&resource, &plan.status, finding.as_ref(), &stamp, &now_rfc3339());
     if status::differs(&resource, &desired) {
         write_status(obj, ctx, &desired).await?;
     }
@@ -99,11 +103,14 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
 
 /// Evaluates the guardrails for every action; any enforced deny stops the whole plan.
 async fn gate(obj: &DynamicObject, ctx: &Context, plugin: &Plugin, resource: &Value, actions: &[Action]) -> Result<(), Error> {
-    let span = tracing::info_span!("policy.eval", path = "data.stateward.guardrails", result = tracing::field::Empty);
+    let span = tracing::info_span!("policy.eval", path = "data.stateward.guardrails", result = tracing::field::Empty, decisions = actions.len(), decision_id = tracing::field::Empty);
     let started = Instant::now();
-    let verdict = span.in_scope(|| crate::plan_gate::check(&ctx.gate, plugin, resource, actions));
+    let verdict = span.in_scope(|| crate::plan_gate::check(&ctx.gate.current(), plugin, resource, actions));
     let result = if verdict.allowed() { "allow" } else { "deny" };
     span.record("result", result);
+    // One decision per action; their ids lead to the audit records (comma-separated).
+    let ids: Vec<&str> = verdict.actions.iter().map(|a| a.verdict.decision_id.as_str()).collect();
+    span.record("decision_id", ids.join(","));
     ctx.metrics.policy_decision("guardrails", result, started.elapsed().as_secs_f64());
     for (target, message) in verdict.warnings() {
         ctx.events.publish(obj, EventType::Warning, "PolicyWarning", &format!("{target}: {message}")).await;
@@ -117,7 +124,21 @@ async fn gate(obj: &DynamicObject, ctx: &Context, plugin: &Plugin, resource: &Va
     Err(err)
 }
 
+/// One action in its own `apply` span (kind, name, verb, and whether it wrote).
 async fn execute(ctx: &Context, action: &Action, resource: &Value, namespace: &str, children: &[Value]) -> Result<(), Error> {
+    let (kind, name) = match action {
+        Action::Apply { object } => {
+            let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or_default().to_owned();
+            (s("/kind"), s("/metadata/name"))
+        }
+        Action::Delete { target } => (target.kind.clone(), target.name.clone()),
+        Action::EnsureSecret { secret } => ("Secret".to_owned(), secret.name.clone()),
+    };
+    let span = tracing::info_span!("apply", kind, name, verb = action.verb(), wrote = tracing::field::Empty);
+    execute_one(ctx, action, resource, namespace, children).instrument(span).await
+}
+
+async fn execute_one(ctx: &Context, action: &Action, resource: &Value, namespace: &str, children: &[Value]) -> Result<(), Error> {
     let observed = |api_version: &str, kind: &str, name: &str| {
         children.iter().find(|c| c["apiVersion"] == api_version && c["kind"] == kind && c["metadata"]["name"] == name)
     };
@@ -143,6 +164,7 @@ async fn execute(ctx: &Context, action: &Action, resource: &Value, namespace: &s
             ctx.applier.ensure_secret(secret, namespace, existing.as_deref()).await?
         }
     };
+    tracing::Span::current().record("wrote", wrote);
     tracing::debug!(verb = action.verb(), wrote, "action");
     Ok(())
 }
@@ -162,10 +184,12 @@ async fn finalize(
     let namespace = obj.namespace().unwrap_or_default();
     let cleanup = {
         let (plugin, ns, text) = (Arc::clone(plugin), namespace.clone(), resource.to_string());
-        ctx.sandbox
-            .run_blocking(move || plugin.finalize(&text, &child_text, now_ms, &ns))
-            .await?
-            .map_err(Error::Plugin)?
+        let span = plugin_span(&plugin, "finalize");
+        let started = Instant::now();
+        let in_call = span.clone();
+        let answer = ctx.sandbox.run_blocking(move || in_call.in_scope(|| plugin.finalize(&text, &child_text, now_ms, &ns))).await?;
+        span.record("elapsed_ms", started.elapsed().as_secs_f64() * 1e3);
+        answer.map_err(Error::Plugin)?
     };
     gate(obj, ctx, plugin, resource, &cleanup.actions).await?;
     for action in &cleanup.actions {
@@ -180,6 +204,12 @@ async fn finalize(
     }
     remove_finalizer(obj, ctx).await?;
     Ok(Requeue::await_change())
+}
+
+/// The `plugin.call` span: plugin, version, export, and the call's wall time once it returns.
+/// The plugin's `log` lines are emitted inside it, so they become its span events.
+fn plugin_span(plugin: &Plugin, export: &'static str) -> tracing::Span {
+    tracing::info_span!("plugin.call", plugin = plugin.name(), version = plugin.version(), export, elapsed_ms = tracing::field::Empty)
 }
 
 fn cr_api(obj: &DynamicObject, ctx: &Context) -> Api<DynamicObject> {

@@ -32,12 +32,15 @@ pub struct PluginStamp<'a> {
     pub digest: &'a str,
 }
 
-/// The full `.status` for `resource` given the plugin's report; `now` is RFC 3339.
-pub fn desired(resource: &Value, report: &StatusReport, plugin: &PluginStamp<'_>, now: &str) -> Value {
+/// The full `.status` for `resource` given the plugin's report and the host's own condition
+/// from the audit sweep, if any; `now` is RFC 3339.
+pub fn desired(resource: &Value, report: &StatusReport, host: Option<&Condition>, plugin: &PluginStamp<'_>, now: &str) -> Value {
     let previous = resource.pointer("/status/conditions").and_then(Value::as_array);
     let conditions: Vec<Value> = report
         .conditions
         .iter()
+        .filter(|c| host.is_none_or(|h| h.type_ != c.type_))
+        .chain(host)
         .map(|c| condition(c, previous, now))
         .collect();
     let mut status = match &report.extra {

@@ -202,10 +202,36 @@ pub struct Gate {
     audit: Arc<AuditLog>,
 }
 
+/// The gate in force, replaced whole when a new policy bundle is accepted (hot reload).
+/// Decisions already running keep the gate they started with.
+#[derive(Debug)]
+pub struct LiveGate(std::sync::RwLock<Arc<Gate>>);
+
+impl LiveGate {
+    pub fn new(gate: Gate) -> Self {
+        Self(std::sync::RwLock::new(Arc::new(gate)))
+    }
+
+    /// The gate to decide with now.
+    pub fn current(&self) -> Arc<Gate> {
+        Arc::clone(&self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Makes `gate` the one every later decision uses.
+    pub fn replace(&self, gate: Gate) {
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(gate);
+    }
+}
+
 impl Gate {
     /// A gate deciding with `engine` and recording to `audit`.
     pub fn new(engine: Arc<PolicyEngine>, audit: Arc<AuditLog>) -> Self {
         Self { engine, audit }
+    }
+
+    /// A gate deciding with another engine into the same audit log (a reloaded bundle).
+    pub fn with_engine(&self, engine: Arc<PolicyEngine>) -> Self {
+        Self { engine, audit: Arc::clone(&self.audit) }
     }
 
     /// The engine (for its digest, e.g. on `/debug/healthz`).

@@ -20,5 +20,5 @@ pub use engine::{DecisionPoint, Evaluation, Mode, PolicyEngine};
 pub use error::PolicyError;
 pub use gate::{
     resource_input, ActionVerdict, AdmissionRequest, DecisionContext, Gate, KindRef, PlanVerdict,
-    PlannedAction, PluginLoad, PluginRef, UserInfo, Verdict,
+    PlannedAction, LiveGate, PluginLoad, PluginRef, UserInfo, Verdict,
 };

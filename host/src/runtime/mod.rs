@@ -19,7 +19,7 @@ pub use plan::{
     SecretRequest, StatusReport,
 };
 pub use plugin::{ChildKind, CrdVersion, FieldError, KindInfo, Plugin, PluginInfo};
-pub use registry::Registry;
+pub use registry::{LiveRegistry, Registry};
 pub use sandbox::{AllocatorKind, Limits, Sandbox};
 
 /// The WIT package version this host speaks; a plugin built against another is refused.

@@ -37,6 +37,8 @@ struct DebugInfo {
     /// `Null` until the first `set_plugins`; reported as an empty list.
     plugins: Value,
     policy_bundle_digest: Option<String>,
+    /// Why the latest policy ConfigMap bundle was refused (cleared when one is accepted).
+    policy_rejection: Option<Value>,
     /// Ordered so the JSON output is stable between calls.
     watches: BTreeMap<String, bool>,
 }
@@ -75,6 +77,11 @@ impl DebugState {
         self.write().policy_bundle_digest = Some(bundle_digest.to_owned());
     }
 
+    /// Records why the latest policy bundle from ConfigMaps was refused; `None` once one loads.
+    pub fn set_policy_rejection(&self, rejection: Option<Value>) {
+        self.write().policy_rejection = rejection;
+    }
+
     /// Records whether one watch (reflector) has completed its initial list; one entry per name.
     pub fn set_watch(&self, name: &str, synced: bool) {
         self.write().watches.insert(name.to_owned(), synced);
@@ -88,7 +95,7 @@ impl DebugState {
             "ready": info.ready,
             "leader": info.leader,
             "plugins": plugins_or_empty(&info.plugins),
-            "policy": { "bundleDigest": info.policy_bundle_digest },
+            "policy": { "bundleDigest": info.policy_bundle_digest, "lastRejection": info.policy_rejection },
             "watches": info.watches,
         })
     }

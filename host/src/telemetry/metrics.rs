@@ -61,6 +61,22 @@ struct PolicyLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DigestLabel {
+    digest: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindRule {
+    kind: String,
+    rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindPhase {
     kind: String,
     phase: String,
@@ -92,11 +108,16 @@ struct Inner {
     policy_eval_seconds: Histograms<PolicyLabel>,
     managed_resources: Family<KindPhase, Gauge>,
     api_writes: Family<VerbKind, Counter>,
+    policy_bundle: Family<DigestLabel, Gauge>,
+    policy_bundle_failures: Family<ReasonLabel, Counter>,
+    policy_violations: Family<KindRule, Gauge>,
     /// The build currently loaded per plugin, so loading a new one retires the old series.
     loaded_builds: Mutex<HashMap<String, PluginBuild>>,
     /// Phases ever reported per kind, so a phase that empties out drops to 0 instead of
     /// keeping its last count forever.
     seen_phases: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// Rules ever reported violated per kind, for the same reason.
+    seen_rules: Mutex<HashMap<String, BTreeSet<String>>>,
 }
 
 impl Default for Metrics {
@@ -111,7 +132,11 @@ impl Metrics {
     pub fn new() -> Self {
         // The prefix gives every family the `stateward_` namespace; prometheus-client appends
         // `_total` to counters and the unit suffix to families registered with a unit.
-        let mut registry = Registry::with_prefix("stateward");
+        // The process collector's `process_*` names are a cross-language convention and stay
+        // unprefixed, so the root registry has no prefix and ours live in a sub-registry.
+        let mut root = Registry::default();
+        root.register_collector(Box::new(super::process::ProcessCollector));
+        let registry = root.sub_registry_with_prefix("stateward");
         let reconciles = Family::default();
         registry.register("reconcile", "Reconciles finished, by controller and result", reconciles.clone());
         let reconcile_seconds: Histograms<_> = Family::new_with_constructor(duration_histogram);
@@ -163,8 +188,34 @@ impl Metrics {
             "Write requests sent to the Kubernetes API server, by verb and kind",
             api_writes.clone(),
         );
+        let policy_bundle = Family::default();
+        registry.register(
+            "policy_bundle_info",
+            "The policy bundle in force (1, labelled with its digest)",
+            policy_bundle.clone(),
+        );
+        let policy_bundle_failures = Family::default();
+        registry.register(
+            "policy_bundle_load_failures",
+            "Policy bundles from ConfigMaps that were rejected, by reason",
+            policy_bundle_failures.clone(),
+        );
+        let policy_violations = Family::default();
+        registry.register(
+            "policy_violations",
+            "Existing resources the admission policy would deny now (audit sweep), by kind and rule",
+            policy_violations.clone(),
+        );
+        // Trace export counters, shared with the exporter set up before this registry existed.
+        let otel = &super::otel::STATS;
+        registry.register("otel_spans_exported", "Trace spans accepted by the OTLP collector", otel.exported.clone());
+        registry.register(
+            "otel_spans_dropped",
+            "Trace spans lost before export: queue_full (export too slow or down) or export_failed",
+            otel.dropped.clone(),
+        );
         let inner = Inner {
-            registry,
+            registry: root,
             reconciles,
             reconcile_seconds,
             plugin_call_seconds,
@@ -175,8 +226,12 @@ impl Metrics {
             policy_eval_seconds,
             managed_resources,
             api_writes,
+            policy_bundle,
+            policy_bundle_failures,
+            policy_violations,
             loaded_builds: Mutex::new(HashMap::new()),
             seen_phases: Mutex::new(HashMap::new()),
+            seen_rules: Mutex::new(HashMap::new()),
         };
         Self { inner: Arc::new(inner) }
     }
@@ -213,6 +268,39 @@ impl Metrics {
             }
         }
         self.inner.plugins_loaded.get_or_create(&build).set(1);
+    }
+
+    /// Marks `digest` as the policy bundle in force (`stateward_policy_bundle_info`).
+    pub fn policy_bundle_loaded(&self, digest: &str) {
+        self.inner.policy_bundle.clear();
+        self.inner.policy_bundle.get_or_create(&DigestLabel { digest: digest.to_owned() }).set(1);
+    }
+
+    /// Counts a rejected policy bundle (`stateward_policy_bundle_load_failures_total`).
+    pub fn policy_bundle_failure(&self, reason: &str) {
+        self.inner.policy_bundle_failures.get_or_create(&ReasonLabel { reason: reason.to_owned() }).inc();
+    }
+
+    /// Replaces one kind's audit-sweep result: violating resources per rule
+    /// (`stateward_policy_violations{kind, rule}`); rules with none drop to 0.
+    pub fn policy_violations(&self, kind: &str, counts: &std::collections::BTreeMap<String, i64>) {
+        let mut stale = Vec::new();
+        {
+            let mut seen = self.inner.seen_rules.lock().unwrap_or_else(PoisonError::into_inner);
+            let rules = seen.entry(kind.to_owned()).or_default();
+            for rule in rules.iter() {
+                if !counts.contains_key(rule) {
+                    stale.push(rule.clone());
+                }
+            }
+            rules.extend(counts.keys().cloned());
+        }
+        for rule in stale {
+            self.inner.policy_violations.get_or_create(&KindRule { kind: kind.to_owned(), rule }).set(0);
+        }
+        for (rule, n) in counts {
+            self.inner.policy_violations.get_or_create(&KindRule { kind: kind.to_owned(), rule: rule.clone() }).set(*n);
+        }
     }
 
     /// Counts a refused or failed plugin load (`stateward_plugin_load_failures_total`).

@@ -103,6 +103,7 @@ impl Blueprint for Redis {
     }
 }
 
+#[cfg(feature = "component")]
 stateward_sdk::export_plugin!(Redis);
 
 #[cfg(test)]
