@@ -6,8 +6,14 @@ use serde_json::{json, Value};
 use crate::runtime::KindInfo;
 
 /// One CRD for a plugin-declared kind: every version with its schema and printer columns,
-/// the status subresource, namespaced scope.
+/// the status subresource, namespaced scope, and, with more than one version, conversion by
+/// the webhook Service (the plugin's `convert`; the operator injects the caBundle at run time).
 pub fn render(kind: &KindInfo) -> Value {
+    render_with(kind, &crate::webhook::Endpoint::default())
+}
+
+/// [`render`] with the conversion webhook at `endpoint`.
+pub fn render_with(kind: &KindInfo, endpoint: &crate::webhook::Endpoint) -> Value {
     let versions: Vec<Value> = kind
         .versions
         .iter()
@@ -26,7 +32,7 @@ pub fn render(kind: &KindInfo) -> Value {
             version
         })
         .collect();
-    json!({
+    let mut crd = json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
@@ -46,7 +52,11 @@ pub fn render(kind: &KindInfo) -> Value {
             },
             "versions": versions,
         },
-    })
+    });
+    if kind.versions.len() > 1 {
+        crd["spec"]["conversion"] = crate::webhook::config::crd_conversion(endpoint, None);
+    }
+    crd
 }
 
 /// File name under deploy/crds for a kind.

@@ -10,3 +10,4 @@ pub mod policy;
 pub mod render;
 pub mod runtime;
 pub mod telemetry;
+pub mod webhook;

@@ -116,6 +116,8 @@ struct RunArgs {
     plain_logs: bool,
     #[command(flatten)]
     sandbox: SandboxArgs,
+    #[command(flatten)]
+    webhook: WebhookArgs,
 }
 
 #[derive(Args)]
@@ -248,9 +250,23 @@ fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
         leader,
         concurrency: args.concurrency.max(1),
     };
+    let webhook = (!args.webhook.no_webhook).then(|| {
+        let state = stateward::webhook::Webhook { registry: Arc::clone(&registry), sandbox: Arc::clone(&sandbox), gate: Arc::clone(&gate) };
+        (Arc::new(state), args.webhook.settings(&args.lease_namespace, args.namespace.as_deref()), args.webhook.webhook_addr)
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let client = kube::Client::try_default().await.context("connecting to the API server")?;
+        // Every replica serves the webhooks (the API server may call any of them).
+        if let Some((state, webhook_settings, addr)) = webhook {
+            let listener = stateward::webhook::bind(addr).await?;
+            let client = client.clone();
+            tokio::spawn(async move {
+                if let Err(e) = stateward::webhook::run(client, listener, state, webhook_settings, std::future::pending()).await {
+                    tracing::error!(error = %e, "webhook server stopped");
+                }
+            });
+        }
         stateward::controller::run(client, sandbox, registry, gate, settings).await?;
         anyhow::Ok(())
     })?;
@@ -365,4 +381,71 @@ fn inspect(args: &SandboxArgs, file: &PathBuf) -> anyhow::Result<ExitCode> {
         println!("  {e}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+struct WebhookArgs {
+    /// Address of the admission and conversion webhooks (TLS).
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    webhook_addr: std::net::SocketAddr,
+    /// Serve no webhooks and touch no webhook configuration.
+    #[arg(long)]
+    no_webhook: bool,
+    /// Base URL the API server calls instead of the Service, e.g. https://127.0.0.1:9443; its
+    /// host goes into the serving certificate. Outside a cluster (no KUBERNETES_SERVICE_HOST)
+    /// the default is https://127.0.0.1:<port of --webhook-addr>.
+    #[arg(long)]
+    webhook_url: Option<String>,
+    /// The webhook Service (in --webhook-namespace).
+    #[arg(long, default_value = "stateward-webhook")]
+    webhook_service: String,
+    /// Namespace of the webhook Service and Secret (default: the Lease namespace).
+    #[arg(long)]
+    webhook_namespace: Option<String>,
+    /// Secret holding the CA and the serving certificate.
+    #[arg(long, default_value = "stateward-webhook-tls")]
+    webhook_secret: String,
+    /// Name of the ValidatingWebhookConfiguration the operator keeps current.
+    #[arg(long, default_value = "stateward")]
+    webhook_configuration: String,
+    /// Which configurations to keep pointed at this webhook.
+    #[arg(long, value_enum, default_value = "all")]
+    webhook_configure: stateward::webhook::Configure,
+    /// cert-manager issues the serving certificate (Issuer/Certificate rendered by the operator).
+    #[arg(long)]
+    cert_manager: bool,
+    /// Lifetime of a serving certificate (s, m, h or d suffix).
+    #[arg(long, default_value = "90d", value_parser = stateward::webhook::parse_duration)]
+    cert_lifetime: Duration,
+    /// Renew the serving certificate when less than this remains.
+    #[arg(long, default_value = "30d", value_parser = stateward::webhook::parse_duration)]
+    cert_renew_before: Duration,
+    /// Lifetime of the built-in CA.
+    #[arg(long, default_value = "3650d", value_parser = stateward::webhook::parse_duration)]
+    ca_lifetime: Duration,
+}
+
+impl WebhookArgs {
+    fn settings(&self, lease_namespace: &str, watch_namespace: Option<&str>) -> stateward::webhook::Settings {
+        use stateward::webhook::{CertPolicy, Endpoint, Settings};
+        let namespace = self.webhook_namespace.clone().unwrap_or_else(|| lease_namespace.to_string());
+        let endpoint = match &self.webhook_url {
+            Some(url) => Endpoint::Url(url.clone()),
+            // Outside a cluster no Service leads here; a local API server can dial loopback.
+            None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() => {
+                Endpoint::Url(format!("https://127.0.0.1:{}", self.webhook_addr.port()))
+            }
+            None => Endpoint::Service { namespace: namespace.clone(), name: self.webhook_service.clone() },
+        };
+        Settings {
+            endpoint,
+            namespace,
+            secret: self.webhook_secret.clone(),
+            configuration: self.webhook_configuration.clone(),
+            watch_namespace: watch_namespace.map(str::to_string),
+            configure: self.webhook_configure,
+            cert_manager: self.cert_manager,
+            policy: CertPolicy { cert_lifetime: self.cert_lifetime, renew_before: self.cert_renew_before, ca_lifetime: self.ca_lifetime },
+        }
+    }
 }

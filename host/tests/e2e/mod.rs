@@ -217,6 +217,9 @@ pub struct OperatorOpts {
     pub identity: Option<String>,
     /// Plugins to load instead of the three built ones.
     pub plugin_dir: Option<PathBuf>,
+    /// Webhook flags (`--webhook-addr`, `--webhook-url`, …). Empty: `--no-webhook`, so
+    /// parallel operators neither race for port 9443 nor touch webhook configurations.
+    pub webhook_args: Vec<String>,
 }
 
 /// The operator binary as a child process. Killed (SIGKILL) on drop; its log is printed when
@@ -310,6 +313,11 @@ impl Operator {
             .stderr(err);
         if let Some(id) = &opts.identity {
             cmd.args(["--identity", id]);
+        }
+        if opts.webhook_args.is_empty() {
+            cmd.arg("--no-webhook");
+        } else {
+            cmd.args(&opts.webhook_args);
         }
         let child = cmd.spawn().expect("spawn stateward run");
         eprintln!(

@@ -1,0 +1,157 @@
+//! The validating admission webhook: `plugin.validate(new, old)` for what the schema cannot
+//! express, then `data.stateward.admission` for who may change what. One audited decision per
+//! request (its input carries the plugin's field errors too); every failure denies.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tracing::Instrument as _;
+
+use crate::policy::{AdmissionRequest, DecisionContext, DecisionPoint, UserInfo};
+use crate::runtime::FieldError;
+
+use super::Webhook;
+
+/// The parts of an `admission.k8s.io/v1` AdmissionRequest the decision needs.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Request {
+    #[allow(dead_code)] // the answer echoes the raw uid, whatever its type
+    uid: String,
+    kind: GroupVersionKind,
+    operation: String,
+    #[serde(default)]
+    user_info: RequestUser,
+    #[serde(default)]
+    object: Value,
+    #[serde(default)]
+    old_object: Value,
+    #[serde(default)]
+    dry_run: bool,
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct GroupVersionKind {
+    #[serde(default)]
+    group: String,
+    version: String,
+    kind: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RequestUser {
+    #[serde(default)]
+    username: String,
+    #[serde(default)]
+    groups: Vec<String>,
+}
+
+/// What the webhook answers, before it is wrapped in an AdmissionReview.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub allowed: bool,
+    /// 422 when only the plugin's field checks failed, 403 when policy denied, 400 for a
+    /// request that cannot be read.
+    pub code: u16,
+    pub message: String,
+    pub warnings: Vec<String>,
+}
+
+impl Answer {
+    fn deny(code: u16, message: String) -> Self {
+        Self { allowed: false, code, message, warnings: Vec::new() }
+    }
+}
+
+/// Answers one AdmissionReview (any JSON in, always an AdmissionReview out).
+pub async fn review(webhook: Arc<Webhook>, body: Value) -> Value {
+    let uid = body.pointer("/request/uid").cloned().unwrap_or(Value::String(String::new()));
+    let answer = match body.get("request").cloned().map(serde_json::from_value::<Request>) {
+        Some(Ok(req)) => {
+            let span = tracing::info_span!(
+                "webhook.admission",
+                kind = %req.kind.kind, namespace = %req.namespace, name = %req.name,
+                operation = %req.operation, user = %req.user_info.username, dry_run = req.dry_run,
+            );
+            decide(webhook, req).instrument(span).await
+        }
+        Some(Err(e)) => Answer::deny(400, format!("malformed AdmissionRequest: {e}")),
+        None => Answer::deny(400, "AdmissionReview without a request".into()),
+    };
+    let mut response = json!({ "uid": uid, "allowed": answer.allowed });
+    if !answer.allowed {
+        let reason = match answer.code {
+            403 => "Forbidden",
+            422 => "Invalid",
+            _ => "BadRequest",
+        };
+        response["status"] = json!({ "code": answer.code, "reason": reason, "message": answer.message });
+    }
+    if !answer.warnings.is_empty() {
+        response["warnings"] = json!(answer.warnings);
+    }
+    json!({ "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response })
+}
+
+async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
+    let api_version = if req.kind.group.is_empty() {
+        req.kind.version.clone()
+    } else {
+        format!("{}/{}", req.kind.group, req.kind.version)
+    };
+    let Some(plugin) = webhook.registry.get(&req.kind.group, &req.kind.kind) else {
+        return Answer::deny(403, format!("no plugin serves {} {api_version}", req.kind.kind));
+    };
+    let field_errors = if req.operation == "CREATE" || req.operation == "UPDATE" {
+        let new = req.object.to_string();
+        let old = (req.operation == "UPDATE").then(|| req.old_object.to_string());
+        let call = webhook.sandbox.run_blocking(move || plugin.validate(&new, old.as_deref())).await;
+        match call {
+            Ok(Ok(errors)) => errors,
+            Ok(Err(e)) => vec![FieldError { path: String::new(), message: format!("plugin-error: {e}") }],
+            Err(e) => vec![FieldError { path: String::new(), message: format!("plugin-error: {e}") }],
+        }
+    } else {
+        Vec::new()
+    };
+    let request = AdmissionRequest {
+        operation: req.operation.clone(),
+        user_info: UserInfo { username: req.user_info.username.clone(), groups: req.user_info.groups.clone() },
+        object: req.object,
+        old_object: req.old_object,
+        dry_run: req.dry_run,
+    };
+    let mut input = match serde_json::to_value(&request) {
+        Ok(v) => v,
+        Err(e) => return Answer::deny(400, format!("encoding the policy input: {e}")),
+    };
+    input["fieldErrors"] = json!(field_errors.iter().map(|e| json!({"path": e.path, "message": e.message})).collect::<Vec<_>>());
+    let gate = webhook.gate.current();
+    let user = req.user_info.username.clone();
+    // Evaluation is CPU work and the audit write may fsync: off the reactor.
+    let verdict = tokio::task::spawn_blocking(move || {
+        gate.decide(&DecisionContext::default(), &user, DecisionPoint::Admission, &input)
+    })
+    .await;
+    let verdict = match verdict {
+        Ok(v) => v,
+        Err(e) => return Answer::deny(403, format!("policy-error: decision task failed: {e}")),
+    };
+    let mut messages: Vec<String> = field_errors
+        .iter()
+        .map(|e| if e.path.is_empty() { e.message.clone() } else { format!("{}: {}", e.path, e.message) })
+        .collect();
+    messages.extend(verdict.denied.iter().cloned());
+    let code = if verdict.allowed() { 422 } else { 403 };
+    Answer {
+        allowed: messages.is_empty(),
+        code,
+        message: messages.join("; "),
+        warnings: verdict.warned,
+    }
+}

@@ -1,0 +1,194 @@
+//! Where the API server finds the webhooks: the ValidatingWebhookConfiguration for the
+//! plugin-served kinds and the conversion stanza of their CRDs, rendered here (deploy/ and
+//! `stateward crds` use the same functions) and kept current with the caBundle at run time.
+
+use kube::api::{Patch, PatchParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, Client};
+use serde_json::{json, Value};
+
+use crate::runtime::KindInfo;
+
+use super::WebhookError;
+
+/// Path of the admission webhook.
+pub const VALIDATE_PATH: &str = "/validate";
+/// Path of the conversion webhook.
+pub const CONVERT_PATH: &str = "/convert";
+/// Name of the validating webhook inside its configuration.
+pub const WEBHOOK_NAME: &str = "validate.stateward.dev";
+/// Default Service of the webhook (deploy/webhook/service.yaml).
+pub const SERVICE_NAME: &str = "stateward-webhook";
+/// Default namespace of the operator (deploy/operator/namespace.yaml).
+pub const SERVICE_NAMESPACE: &str = "stateward-system";
+/// The annotation cert-manager's CA injector reads (`<namespace>/<Certificate>`).
+pub const INJECT_CA_FROM: &str = "cert-manager.io/inject-ca-from";
+/// How long the API server waits for a webhook answer.
+pub const TIMEOUT_SECONDS: u32 = 10;
+
+/// How the API server reaches the webhook server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// In-cluster: a Service (port 443 forwarding to the pods' 9443).
+    Service { namespace: String, name: String },
+    /// A base URL such as `https://127.0.0.1:9443` (operator outside the cluster, tests).
+    Url(String),
+}
+
+impl Default for Endpoint {
+    fn default() -> Self {
+        Endpoint::Service { namespace: SERVICE_NAMESPACE.into(), name: SERVICE_NAME.into() }
+    }
+}
+
+impl Endpoint {
+    /// `clientConfig` for `path`, with `caBundle` when given (base64 PEM).
+    pub fn client_config(&self, path: &str, ca_bundle: Option<&str>) -> Value {
+        let mut config = match self {
+            Endpoint::Service { namespace, name } => {
+                json!({ "service": { "namespace": namespace, "name": name, "path": path, "port": 443 } })
+            }
+            Endpoint::Url(base) => json!({ "url": format!("{}{path}", base.trim_end_matches('/')) }),
+        };
+        if let Some(ca) = ca_bundle {
+            config["caBundle"] = json!(ca);
+        }
+        config
+    }
+
+    /// The host name or IP the serving certificate must name, for a URL endpoint.
+    pub fn url_host(&self) -> Option<String> {
+        let Endpoint::Url(base) = self else { return None };
+        let rest = base.split_once("://").map_or(base.as_str(), |(_, r)| r);
+        let authority = rest.split('/').next().unwrap_or(rest);
+        let host = match authority.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(v6),
+            None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+        };
+        (!host.is_empty()).then(|| host.to_string())
+    }
+}
+
+/// The `spec.conversion` of a CRD whose versions the plugin converts.
+pub fn crd_conversion(endpoint: &Endpoint, ca_bundle: Option<&str>) -> Value {
+    json!({
+        "strategy": "Webhook",
+        "webhook": {
+            "conversionReviewVersions": ["v1"],
+            "clientConfig": endpoint.client_config(CONVERT_PATH, ca_bundle),
+        },
+    })
+}
+
+/// What a ValidatingWebhookConfiguration covers.
+#[derive(Debug, Clone)]
+pub struct Scope<'a> {
+    /// Object name of the configuration (cluster-scoped).
+    pub name: &'a str,
+    /// Only this namespace (operator in `--namespace` mode); all namespaces when `None`.
+    pub namespace: Option<&'a str>,
+}
+
+/// The ValidatingWebhookConfiguration for `kinds`: CREATE, UPDATE and DELETE of each kind at
+/// its storage version (matchPolicy Equivalent sends requests made at other versions too,
+/// converted), fail closed, no side effects (so dry-run requests reach it).
+pub fn validating_configuration(scope: &Scope<'_>, endpoint: &Endpoint, kinds: &[&KindInfo], ca_bundle: Option<&str>) -> Value {
+    let rules: Vec<Value> = kinds
+        .iter()
+        .map(|k| {
+            json!({
+                "apiGroups": [k.group],
+                "apiVersions": [k.storage_version().map_or("v1", |v| v.name.as_str())],
+                "operations": ["CREATE", "UPDATE", "DELETE"],
+                "resources": [k.plural],
+                "scope": "Namespaced",
+            })
+        })
+        .collect();
+    let mut webhook = json!({
+        "name": WEBHOOK_NAME,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "matchPolicy": "Equivalent",
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "rules": rules,
+        "clientConfig": endpoint.client_config(VALIDATE_PATH, ca_bundle),
+    });
+    if let Some(ns) = scope.namespace {
+        webhook["namespaceSelector"] = json!({
+            "matchExpressions": [{ "key": "kubernetes.io/metadata.name", "operator": "In", "values": [ns] }],
+        });
+    }
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {
+            "name": scope.name,
+            "labels": { "app.kubernetes.io/name": "stateward", "app.kubernetes.io/managed-by": "stateward" },
+        },
+        "webhooks": [webhook],
+    })
+}
+
+fn dynamic(client: &Client, group: &str, version: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural))
+}
+
+/// Applies the whole configuration (server-side apply, field manager `stateward`, forced:
+/// the operator owns it).
+pub async fn apply_validating(client: &Client, config: &Value) -> Result<(), WebhookError> {
+    let api = dynamic(client, "admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration", "validatingwebhookconfigurations");
+    let name = config.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    api.patch(name, &PatchParams::apply("stateward").force(), &Patch::Apply(config))
+        .await
+        .map_err(WebhookError::kube("applying the ValidatingWebhookConfiguration"))?;
+    Ok(())
+}
+
+/// Points the CRD of `kind` at the conversion webhook. A merge patch replaces the whole
+/// clientConfig (so a `url` never sits beside a `service` left by another field manager).
+pub async fn patch_crd_conversion(client: &Client, kind: &KindInfo, endpoint: &Endpoint, ca_bundle: Option<&str>, inject_from: Option<&str>) -> Result<(), WebhookError> {
+    let api = dynamic(client, "apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions");
+    let mut client_config = endpoint.client_config(CONVERT_PATH, ca_bundle);
+    match endpoint {
+        Endpoint::Url(_) => client_config["service"] = Value::Null,
+        Endpoint::Service { .. } => client_config["url"] = Value::Null,
+    }
+    let mut patch = json!({ "spec": { "conversion": {
+        "strategy": "Webhook",
+        "webhook": { "conversionReviewVersions": ["v1"], "clientConfig": client_config },
+    } } });
+    if let Some(from) = inject_from {
+        patch["metadata"] = json!({ "annotations": { INJECT_CA_FROM: from } });
+    }
+    let name = format!("{}.{}", kind.plural, kind.group);
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(WebhookError::kube("patching a CRD's conversion webhook"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_hosts() {
+        let host = |u: &str| Endpoint::Url(u.into()).url_host();
+        assert_eq!(host("https://127.0.0.1:9443").as_deref(), Some("127.0.0.1"));
+        assert_eq!(host("https://[::1]:9443/x").as_deref(), Some("::1"));
+        assert_eq!(host("https://hook.example:8443").as_deref(), Some("hook.example"));
+        assert_eq!(Endpoint::default().url_host(), None);
+    }
+
+    #[test]
+    fn client_configs() {
+        let svc = Endpoint::default().client_config(VALIDATE_PATH, Some("Q0E="));
+        assert_eq!(svc["service"]["name"], SERVICE_NAME);
+        assert_eq!(svc["service"]["path"], VALIDATE_PATH);
+        assert_eq!(svc["caBundle"], "Q0E=");
+        let url = Endpoint::Url("https://127.0.0.1:9/".into()).client_config(CONVERT_PATH, None);
+        assert_eq!(url, json!({ "url": "https://127.0.0.1:9/convert" }));
+    }
+}

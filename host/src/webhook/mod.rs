@@ -1,0 +1,274 @@
+//! Admission and conversion webhooks, with a built-in CA and certificate rotation (DESIGN.md §1,
+//! §7). A concern apart from the controller: it shares the plugins and the policy gate, runs
+//! on every replica (the API server may call any of them), and needs no leadership.
+//!
+//! - [`admission`]: `plugin.validate` then `data.stateward.admission`, audited.
+//! - [`conversion`]: `plugin.convert` for the CRDs' versions.
+//! - [`tls`]: rustls with a certificate resolver swapped on rotation; the accept loop.
+//! - [`certs`]: the built-in CA and serving certificate in a Secret, renewed under a threshold.
+//! - [`certmanager`]: `--cert-manager` mode (cert-manager issues, the operator serves).
+//! - [`config`]: the ValidatingWebhookConfiguration and CRD conversion stanza, with caBundle.
+
+pub mod admission;
+pub mod certmanager;
+pub mod certs;
+pub mod config;
+pub mod conversion;
+pub mod tls;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::response::Json;
+use axum::routing::{get, post};
+use axum::Router;
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
+use serde_json::Value;
+use tokio::net::TcpListener;
+
+use crate::policy::LiveGate;
+use crate::runtime::{KindInfo, LiveRegistry, Sandbox};
+
+pub use certs::CertPolicy;
+pub use config::Endpoint;
+pub use tls::CertResolver;
+
+/// Why the webhook could not do its part.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("binding the webhook port {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("certificate: {0}")]
+    Certificate(String),
+    #[error("{action}: {source}")]
+    Kube { action: &'static str, source: kube::Error },
+}
+
+impl WebhookError {
+    /// Wraps a kube error with what was being done.
+    pub fn kube(action: &'static str) -> impl Fn(kube::Error) -> WebhookError {
+        move |source| WebhookError::Kube { action, source }
+    }
+
+    /// Short label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            WebhookError::Bind { .. } => "bind",
+            WebhookError::Certificate(_) => "certificate",
+            WebhookError::Kube { .. } => "kube",
+        }
+    }
+}
+
+/// What the handlers evaluate with: immutable, shared by every request.
+pub struct Webhook {
+    /// The plugins serving now (follows hot reload).
+    pub registry: Arc<LiveRegistry>,
+    pub sandbox: Arc<Sandbox>,
+    /// The policy gate in force now (follows hot reload).
+    pub gate: Arc<LiveGate>,
+}
+
+impl Webhook {
+    /// Every kind the plugins serve now.
+    pub fn kinds(&self) -> Vec<KindInfo> {
+        self.registry.snapshot().plugins().iter().flat_map(|p| p.info().kinds.clone()).collect()
+    }
+}
+
+/// Which cluster objects the operator keeps pointed at its webhooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(clap::ValueEnum)]
+pub enum Configure {
+    /// The ValidatingWebhookConfiguration and the CRDs' conversion webhook.
+    #[default]
+    All,
+    /// Only the ValidatingWebhookConfiguration.
+    Validating,
+    /// Only the CRDs' conversion webhook.
+    Conversion,
+    /// Nothing (someone else manages them).
+    None,
+}
+
+/// How `stateward run` serves its webhooks.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub endpoint: Endpoint,
+    /// Namespace of the Secret (and the cert-manager objects).
+    pub namespace: String,
+    /// Secret holding the CA and the serving certificate.
+    pub secret: String,
+    /// Name of the ValidatingWebhookConfiguration.
+    pub configuration: String,
+    /// Scope the admission webhook to this namespace only (`--namespace` mode).
+    pub watch_namespace: Option<String>,
+    pub configure: Configure,
+    pub cert_manager: bool,
+    pub policy: CertPolicy,
+}
+
+impl Settings {
+    /// Names the serving certificate must carry: the Service's DNS names, and the URL's host.
+    pub fn sans(&self) -> Vec<String> {
+        let mut sans = Vec::new();
+        if let Some(host) = self.endpoint.url_host() {
+            sans.push(host);
+        }
+        let service = match &self.endpoint {
+            Endpoint::Service { name, .. } => name.as_str(),
+            Endpoint::Url(_) => config::SERVICE_NAME,
+        };
+        sans.extend(certs::service_sans(service, &self.namespace));
+        sans
+    }
+}
+
+/// The HTTP routes; handlers only extract and delegate.
+pub fn router(webhook: Arc<Webhook>) -> Router {
+    async fn validate(State(w): State<Arc<Webhook>>, Json(body): Json<Value>) -> Json<Value> {
+        Json(admission::review(w, body).await)
+    }
+    async fn convert(State(w): State<Arc<Webhook>>, Json(body): Json<Value>) -> Json<Value> {
+        Json(conversion::review(w, body).await)
+    }
+    Router::new()
+        .route(config::VALIDATE_PATH, post(validate))
+        .route(config::CONVERT_PATH, post(convert))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(webhook)
+}
+
+/// Parses `90d`, `12h`, `30m`, `45s` or plain seconds (flags of certificate lifetimes).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = text.find(|c: char| !c.is_ascii_digit()).map_or((text, ""), |i| text.split_at(i));
+    let n: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 90d, 12h, 30m or 45s"))?;
+    let secs = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("unknown unit {unit:?} in {text:?} (s, m, h or d)")),
+    };
+    n.checked_mul(secs).map(Duration::from_secs).ok_or_else(|| format!("{text:?} is too long"))
+}
+
+/// Binds the webhook port (before anything else, so a taken port fails the start).
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, WebhookError> {
+    TcpListener::bind(addr).await.map_err(|source| WebhookError::Bind { addr, source })
+}
+
+/// Serves the webhooks on `listener` and keeps certificates and configurations current until
+/// `stopped`. Errors of the certificate loop are logged and retried; serving never stops for
+/// them (the last good certificate stays).
+pub async fn run(
+    client: Client,
+    listener: TcpListener,
+    webhook: Arc<Webhook>,
+    settings: Settings,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), WebhookError> {
+    let resolver = Arc::new(CertResolver::default());
+    let server_config = tls::server_config(Arc::clone(&resolver))?;
+    let server = tls::serve(listener, server_config, router(Arc::clone(&webhook)), stopped);
+    let keeper = keep_certificates(client, resolver, settings, webhook);
+    tokio::select! {
+        () = server => Ok(()),
+        () = keeper => Ok(()),
+    }
+}
+
+/// Re-applies configurations at least this often even when nothing changed (someone may have
+/// re-applied deploy/ over them).
+const RECONFIGURE_EVERY: Duration = Duration::from_secs(60);
+
+async fn keep_certificates(client: Client, resolver: Arc<CertResolver>, settings: Settings, webhook: Arc<Webhook>) {
+    let interval = settings.policy.check_interval();
+    let mut configured: Option<(String, Vec<String>, Instant)> = None;
+    let builtin = certs::BuiltinCa::new(client.clone(), &settings.namespace, &settings.secret, settings.policy.clone(), settings.sans(), Arc::clone(&resolver));
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
+    let mut rendered_cert_manager = false;
+    loop {
+        let bundle = if settings.cert_manager {
+            if !rendered_cert_manager {
+                let objects = certmanager::render(&settings.namespace, &settings.secret, &settings.sans(), &settings.policy);
+                match certmanager::apply(&client, &objects).await {
+                    Ok(()) => rendered_cert_manager = true,
+                    Err(e) => tracing::warn!(error = %e, "cert-manager objects not applied (is cert-manager installed?)"),
+                }
+            }
+            match secrets.get_opt(&settings.secret).await {
+                Ok(Some(secret)) => match certmanager::from_secret(&secret) {
+                    Some(Ok((cert, ca))) => {
+                        resolver.set(cert);
+                        Ok(ca)
+                    }
+                    Some(Err(e)) => Err(e),
+                    None => Err(WebhookError::Certificate("cert-manager has not filled the Secret yet".into())),
+                },
+                Ok(None) => Err(WebhookError::Certificate("waiting for cert-manager to create the Secret".into())),
+                Err(e) => Err(WebhookError::kube("reading the webhook Secret")(e)),
+            }
+        } else {
+            builtin.sync().await.map(|m| m.ca_bundle())
+        };
+        match bundle {
+            Ok(bundle) => {
+                let kinds = webhook.kinds();
+                let names: Vec<String> = kinds.iter().map(|k| format!("{}.{}", k.plural, k.group)).collect();
+                let stale = configured
+                    .as_ref()
+                    .is_none_or(|(b, n, at)| *b != bundle || *n != names || at.elapsed() > RECONFIGURE_EVERY);
+                if stale {
+                    match configure(&client, &settings, &kinds, &bundle).await {
+                        Ok(()) => configured = Some((bundle, names, Instant::now())),
+                        Err(e) => tracing::warn!(error = %e, "webhook configuration not updated; retrying"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, label = e.label(), "webhook certificate not ready; retrying"),
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(90 * 86400)));
+        assert_eq!(parse_duration("6s"), Ok(Duration::from_secs(6)));
+        assert_eq!(parse_duration("15"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("1w").is_err());
+        assert!(parse_duration("d").is_err());
+    }
+}
+
+/// Points the ValidatingWebhookConfiguration and the CRDs at this webhook with `bundle`.
+async fn configure(client: &Client, settings: &Settings, kinds: &[KindInfo], bundle: &str) -> Result<(), WebhookError> {
+    let inject_from = settings.cert_manager.then(|| certmanager::inject_ca_from(&settings.namespace));
+    if matches!(settings.configure, Configure::All | Configure::Validating) {
+        let scope = config::Scope { name: &settings.configuration, namespace: settings.watch_namespace.as_deref() };
+        let refs: Vec<&KindInfo> = kinds.iter().collect();
+        let mut vwc = config::validating_configuration(&scope, &settings.endpoint, &refs, Some(bundle));
+        if let Some(from) = &inject_from {
+            vwc["metadata"]["annotations"] = serde_json::json!({ config::INJECT_CA_FROM: from });
+        }
+        config::apply_validating(client, &vwc).await?;
+    }
+    if matches!(settings.configure, Configure::All | Configure::Conversion) {
+        for kind in kinds.iter().filter(|k| k.versions.len() > 1) {
+            config::patch_crd_conversion(client, kind, &settings.endpoint, Some(bundle), inject_from.as_deref()).await?;
+        }
+    }
+    tracing::info!(configuration = %settings.configuration, "webhook configuration points at this webhook");
+    Ok(())
+}
