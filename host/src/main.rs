@@ -189,13 +189,16 @@ fn main() -> ExitCode {
         Command::Run(args) => stateward::telemetry::logging::init(!args.plain_logs),
         _ => stateward::telemetry::logging::init(false),
     }
-    match dispatch(cli) {
+    let code = match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Sends the spans still queued for OTLP export (a no-op when export is off).
+    stateward::telemetry::logging::shutdown();
+    code
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {

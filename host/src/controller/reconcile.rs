@@ -103,7 +103,7 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
 
 /// Evaluates the guardrails for every action; any enforced deny stops the whole plan.
 async fn gate(obj: &DynamicObject, ctx: &Context, plugin: &Plugin, resource: &Value, actions: &[Action]) -> Result<(), Error> {
-    let span = tracing::info_span!("policy.eval", path = "data.stateward.guardrails", result = tracing::field::Empty, decisions = actions.len(), decision_id = tracing::field::Empty);
+    let span = tracing::info_span!("policy.eval", path = "data.stateward.guardrails", result = tracing::field::Empty, decisions = i64::try_from(actions.len()).unwrap_or(i64::MAX), decision_id = tracing::field::Empty);
     let started = Instant::now();
     let verdict = span.in_scope(|| crate::plan_gate::check(&ctx.gate.current(), plugin, resource, actions));
     let result = if verdict.allowed() { "allow" } else { "deny" };

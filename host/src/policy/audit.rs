@@ -173,8 +173,14 @@ impl AuditLog {
             "bundles".into(),
             json!({"stateward": {"revision": rec.bundle_digest}}),
         );
-        entry.insert("trace_id".into(), json!(rec.trace_id));
-        entry.insert("span_id".into(), json!(rec.span_id));
+        // A caller that passes no ids is traced through its current span (reconcile, webhook).
+        let current = if rec.trace_id.is_empty() { crate::telemetry::otel::current_ids() } else { None };
+        let (trace_id, span_id) = match &current {
+            Some((t, s)) => (t.as_str(), s.as_str()),
+            None => (rec.trace_id, rec.span_id),
+        };
+        entry.insert("trace_id".into(), json!(trace_id));
+        entry.insert("span_id".into(), json!(span_id));
         entry.insert("requested_by".into(), json!(rec.requested_by));
         entry.insert("metrics".into(), json!({"timer_rego_eval_ns": rec.eval_ns}));
         entry.insert("seq".into(), json!(seq));

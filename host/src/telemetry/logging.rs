@@ -23,25 +23,40 @@ use tracing_subscriber::EnvFilter;
 /// and HTTP stacks, which log every request and watch restart at info, only speak up on trouble.
 pub const DEFAULT_FILTER: &str = "info,kube=warn,tower=warn,hyper=warn";
 
-/// Installs the global subscriber, writing to stderr so stdout stays free for command output.
+/// Installs the global subscriber, writing to stderr so stdout stays free for command output,
+/// together with the OpenTelemetry layer (see [`super::otel`]): OTLP export when the `OTEL_*`
+/// variables ask for it, and trace ids for every span either way.
 ///
 /// With `json`, each event is one JSON object: `timestamp`, `level`, `target`, the fields of all
 /// enclosing spans (outermost first, inner ones win), the event's own fields (they win over span
-/// fields; the text is `message`), and `spans`, the enclosing span names outermost first.
+/// fields; the text is `message`), `spans`, the enclosing span names outermost first, and inside
+/// a span its `trace_id` and `span_id` (W3C hex, the ids Jaeger shows).
 ///
 /// Calling it again (or after another subscriber was installed, e.g. by a test) does nothing:
 /// the first subscriber stays, which is what a process-wide logger should do.
 pub fn init(json: bool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let (provider, otel_error) = super::otel::init_global();
+    let registry = tracing_subscriber::registry().with(filter).with(super::otel::layer(&provider));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     // try_init fails only when a global subscriber exists already; keeping that one is the
     // intended idempotent behaviour, so the error carries nothing to act on.
     let _ = if json {
         // JsonFields stores each span's fields as a JSON object string, which FlatJson reads back.
-        builder.fmt_fields(JsonFields::new()).event_format(FlatJson).try_init()
+        registry.with(fmt.fmt_fields(JsonFields::new()).event_format(FlatJson)).try_init()
     } else {
-        builder.try_init()
+        registry.with(fmt).try_init()
     };
+    if let Some(err) = otel_error {
+        tracing::warn!(error = %err, "trace export disabled");
+    }
+}
+
+/// Flushes and stops trace export; call once before the process exits.
+pub fn shutdown() {
+    super::otel::shutdown(std::time::Duration::from_secs(3));
 }
 
 /// Event formatter writing one flat JSON object per line (see the module docs for why).
@@ -63,9 +78,11 @@ where
         line.insert("target".into(), Value::String(meta.target().to_owned()));
 
         let mut spans = Vec::new();
+        let mut innermost = None;
         if let Some(scope) = ctx.event_scope() {
             for span in scope.from_root() {
                 spans.push(Value::String(span.name().to_owned()));
+                innermost = Some(span.id());
                 let extensions = span.extensions();
                 let Some(fields) = extensions.get::<FormattedFields<N>>() else { continue };
                 // Written by JsonFields as `{"k":v,…}`, or empty for a span without fields.
@@ -73,6 +90,11 @@ where
                     line.extend(map);
                 }
             }
+        }
+        // After the loop: the OpenTelemetry lookup locks span extensions itself.
+        if let Some((trace_id, span_id)) = innermost.and_then(|id| otel_ids(&id)) {
+            line.insert("trace_id".into(), Value::String(trace_id));
+            line.insert("span_id".into(), Value::String(span_id));
         }
 
         let mut visitor = FieldsToJson { line: &mut line, log_target: None };
@@ -87,6 +109,16 @@ where
         }
         writeln!(writer, "{}", Value::Object(line))
     }
+}
+
+/// The OpenTelemetry trace and span id of a `tracing` span, when the OpenTelemetry layer is
+/// installed in the current dispatcher.
+fn otel_ids(id: &tracing::span::Id) -> Option<(String, String)> {
+    use opentelemetry::trace::TraceContextExt;
+    let cx = tracing::dispatcher::get_default(|dispatch| tracing_opentelemetry::get_otel_context(id, dispatch))?;
+    let span = cx.span();
+    let sc = span.span_context();
+    sc.is_valid().then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
 }
 
 /// Collects an event's fields into a JSON map, keeping numbers and booleans typed. The `log.*`

@@ -7,6 +7,8 @@
 pub mod http;
 pub mod logging;
 pub mod metrics;
+pub mod otel;
+pub mod process;
 
 pub use http::{serve, DebugState};
 pub use metrics::Metrics;

@@ -220,6 +220,8 @@ pub struct OperatorOpts {
     /// Webhook flags (`--webhook-addr`, `--webhook-url`, …). Empty: `--no-webhook`, so
     /// parallel operators neither race for port 9443 nor touch webhook configurations.
     pub webhook_args: Vec<String>,
+    /// Extra environment variables (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub env: Vec<(String, String)>,
 }
 
 /// The operator binary as a child process. Killed (SIGKILL) on drop; its log is printed when
@@ -319,6 +321,7 @@ impl Operator {
         } else {
             cmd.args(&opts.webhook_args);
         }
+        cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
         let child = cmd.spawn().expect("spawn stateward run");
         eprintln!(
             "e2e: started operator {name} (pid {}, http {port}, log {})",
