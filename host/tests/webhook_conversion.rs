@@ -1,0 +1,183 @@
+//! CRD conversion through the webhook against the local cluster's real kube-apiserver
+//! (issue 7): v1alpha1 ⇄ v1 served by the plugin that owns the kind.
+//!
+//! Conversion config lives on the CRDs, which are cluster-scoped and shared by every test.
+//! This binary therefore holds exactly one test: cargo runs test binaries one after another,
+//! so while it points the CRDs at its own operator (`--webhook-configure all`, a loopback
+//! URL) no other test of the suite runs. When it ends, the CRDs get back the conversion
+//! stanza of deploy/crds (the webhook Service, no caBundle), whatever happened. Other tests
+//! only use v1, the storage version, for which the API server never calls the converter.
+//!
+//! Run: `cargo test -p stateward --test webhook_conversion -- --nocapture`.
+
+mod e2e;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use e2e::{Operator, OperatorOpts, Teardown, KINDS, POSTGRES};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::Api;
+use serde_json::{json, Value};
+use stateward::runtime::{AllocatorKind, Limits, Registry, Sandbox};
+use stateward::webhook::{config::crd_conversion, Endpoint};
+use stateward_testkit::TestEnv;
+
+/// Puts deploy/crds' conversion stanza back on the shared CRDs (runs after the operator is
+/// gone, so it cannot re-patch them) and deletes the test's webhook configuration.
+struct Restore {
+    kubeconfig: std::path::PathBuf,
+    vwc: String,
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let mut conversion = crd_conversion(&Endpoint::default(), None);
+        conversion["webhook"]["clientConfig"]["url"] = Value::Null;
+        conversion["webhook"]["clientConfig"]["caBundle"] = Value::Null;
+        let patch = json!({ "spec": { "conversion": conversion } }).to_string();
+        let kubectl = || {
+            let mut c = std::process::Command::new(stateward_testkit::kubectl_binary());
+            c.arg("--kubeconfig").arg(&self.kubeconfig);
+            c
+        };
+        for kind in KINDS {
+            let out = kubectl()
+                .args(["patch", "crd", &format!("{}.stateward.dev", kind.plural), "--type", "merge", "-p", &patch])
+                .output();
+            if !out.as_ref().is_ok_and(|o| o.status.success()) {
+                eprintln!("could not restore the conversion of {}: {out:?}", kind.plural);
+            }
+        }
+        let _ = kubectl().args(["delete", "validatingwebhookconfiguration", &self.vwc, "--ignore-not-found"]).output();
+    }
+}
+
+fn api(env: &TestEnv, version: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("stateward.dev", version, POSTGRES.kind), POSTGRES.plural);
+    Api::namespaced_with(env.client.clone(), &env.namespace, &ar)
+}
+
+async fn get(env: &TestEnv, version: &str, name: &str) -> anyhow::Result<Value> {
+    Ok(serde_json::to_value(api(env, version).get(name).await?)?)
+}
+
+fn registry() -> anyhow::Result<Registry> {
+    let sandbox = Sandbox::new(Limits::default(), AllocatorKind::OnDemand, None)?;
+    Ok(Registry::load_dir(&sandbox, &e2e::plugin_dir())?)
+}
+
+/// What the plugin itself makes of `object` at `to` (the reference the API server's answer
+/// must match: the same function the plugin's round-trip tests check).
+fn convert(registry: &Registry, object: &Value, to: &str) -> anyhow::Result<Value> {
+    let plugin = registry.get("stateward.dev", POSTGRES.kind).context("postgres plugin")?;
+    Ok(plugin.convert(&object.to_string(), &format!("stateward.dev/{to}"))?)
+}
+
+#[tokio::test]
+async fn v1alpha1_and_v1_round_trip_through_the_conversion_webhook() -> anyhow::Result<()> {
+    let env = TestEnv::new("wh-convert").await?;
+    let _teardown = Teardown::new(&env);
+    let vwc = format!("stateward-{}", env.namespace);
+    let _restore = Restore { kubeconfig: env.kubeconfig().to_path_buf(), vwc: vwc.clone() };
+    let port = e2e::free_port();
+    let url = format!("https://127.0.0.1:{port}");
+    let mut op = Operator::start_with(
+        &env,
+        "wh-convert",
+        OperatorOpts {
+            namespace: env.namespace.clone(),
+            lease_namespace: env.namespace.clone(),
+            webhook_args: ["--webhook-addr", &format!("127.0.0.1:{port}"), "--webhook-url", &url, "--webhook-configuration", &vwc, "--webhook-configure", "all"]
+                .map(String::from)
+                .to_vec(),
+            ..Default::default()
+        },
+    );
+
+    let legacy = json!({
+        "apiVersion": "stateward.dev/v1alpha1",
+        "kind": POSTGRES.kind,
+        "metadata": { "name": "legacy" },
+        "spec": {
+            "version": "17.2", "replicas": 3, "storageSize": "1Gi", "storageClassName": "local",
+            "retentionPolicy": "Retain",
+            "resources": { "requests": { "cpu": "50m", "memory": "64Mi" }, "limits": { "cpu": "250m", "memory": "128Mi" } },
+        },
+    });
+    let legacy_obj: DynamicObject = serde_json::from_value(legacy.clone())?;
+    // Ready when the API server accepts a v1alpha1 object through our converter (the CRD
+    // change reaches its handlers asynchronously).
+    let started = Instant::now();
+    let alpha = api(&env, "v1alpha1");
+    loop {
+        if let Some(status) = op.exited() {
+            bail!("operator exited with {status}:\n{}", op.log_tail(40));
+        }
+        let pp = PostParams { dry_run: true, field_manager: None };
+        match alpha.create(&pp, &legacy_obj).await {
+            Ok(_) => break,
+            Err(e) if started.elapsed() > Duration::from_secs(90) => bail!("conversion never worked: {e}\n{}", op.log_tail(40)),
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+    let crd: Value = serde_json::to_value(
+        Api::<DynamicObject>::all_with(
+            env.client.clone(),
+            &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"), "customresourcedefinitions"),
+        )
+        .get("postgresclusters.stateward.dev")
+        .await?,
+    )?;
+    let client_config = &crd["spec"]["conversion"]["webhook"]["clientConfig"];
+    ensure!(client_config["url"] == format!("{url}/convert"), "CRD clientConfig {client_config}");
+    ensure!(client_config["caBundle"].as_str().is_some_and(|b| !b.is_empty()), "no caBundle injected");
+    eprintln!("conversion webhook effective {:.1?} after start", started.elapsed());
+
+    let registry = Arc::new(registry()?);
+    // 1. Create as v1alpha1, read as v1.
+    alpha.create(&PostParams::default(), &legacy_obj).await.context("create as v1alpha1")?;
+    let as_alpha = get(&env, "v1alpha1", "legacy").await?;
+    let as_v1 = get(&env, "v1", "legacy").await?;
+    ensure!(as_v1["spec"]["storage"] == json!({"size": "1Gi", "className": "local"}), "v1 storage: {}", as_v1["spec"]);
+    ensure!(as_v1["spec"].get("storageSize").is_none(), "v1 kept the v1alpha1 field: {}", as_v1["spec"]);
+    let expected = convert(&registry, &as_alpha, "v1")?;
+    ensure!(as_v1["spec"] == expected["spec"], "served v1 {} != plugin's {}", as_v1["spec"], expected["spec"]);
+    ensure!(as_alpha["spec"] == legacy["spec"], "v1alpha1 read back {} != created {}", as_alpha["spec"], legacy["spec"]);
+
+    // 2. Update as v1 with a field v1alpha1 cannot hold, read as v1alpha1.
+    let v1 = api(&env, "v1");
+    v1.patch("legacy", &PatchParams::default(), &Patch::Merge(json!({"spec": {"deletionProtection": true, "replicas": 4}})))
+        .await
+        .context("update as v1")?;
+    let updated_v1 = get(&env, "v1", "legacy").await?;
+    let as_alpha = get(&env, "v1alpha1", "legacy").await?;
+    ensure!(as_alpha["spec"].get("deletionProtection").is_none(), "v1alpha1 shows a v1-only field: {}", as_alpha["spec"]);
+    ensure!(as_alpha["spec"]["storageSize"] == "1Gi" && as_alpha["spec"]["replicas"] == 4, "v1alpha1 spec: {}", as_alpha["spec"]);
+    let expected = convert(&registry, &updated_v1, "v1alpha1")?;
+    ensure!(as_alpha["spec"] == expected["spec"], "served v1alpha1 {} != plugin's {}", as_alpha["spec"], expected["spec"]);
+
+    // 3. Update as v1alpha1; the v1-only field survives (carried in the conversion annotation).
+    alpha
+        .patch("legacy", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}})))
+        .await
+        .context("update as v1alpha1")?;
+    let back = get(&env, "v1", "legacy").await?;
+    ensure!(back["spec"]["deletionProtection"] == true, "deletionProtection lost through v1alpha1: {}", back["spec"]);
+    ensure!(back["spec"]["replicas"] == 5, "v1alpha1 update not seen as v1: {}", back["spec"]);
+    let mut want = updated_v1["spec"].clone();
+    want["replicas"] = json!(5);
+    ensure!(back["spec"] == want, "fields changed: {} vs {}", back["spec"], want);
+
+    // 4. The objects in a list at v1alpha1 are converted too (a multi-object review).
+    v1.create(&PostParams::default(), &serde_json::from_value(POSTGRES.manifest("modern", 3, "Retain"))?).await?;
+    let listed = alpha.list(&Default::default()).await?;
+    ensure!(listed.items.len() == 2, "listed {} objects", listed.items.len());
+    for item in listed.items {
+        let item = serde_json::to_value(item)?;
+        ensure!(item["apiVersion"] == "stateward.dev/v1alpha1" && item["spec"]["storageSize"].is_string(), "not converted: {item}");
+    }
+    Ok(())
+}

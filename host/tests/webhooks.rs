@@ -1,0 +1,346 @@
+//! The admission webhook against the local cluster's real kube-apiserver (issue 7).
+//!
+//! Each test runs its own operator process with the webhook on a loopback port
+//! (`--webhook-url https://127.0.0.1:PORT`) and its own ValidatingWebhookConfiguration, scoped
+//! by namespaceSelector to the test's namespace and deleted when the test ends, so tests run
+//! in parallel with each other and with every other test of the cluster. Only the
+//! ValidatingWebhookConfiguration is managed here (`--webhook-configure validating`); CRD
+//! conversion changes cluster-wide objects and has its own serial test binary
+//! (webhook_conversion.rs).
+//!
+//! Run: `cargo test -p stateward --test webhooks -- --nocapture` (after scripts/build-plugins).
+
+mod e2e;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use e2e::{Operator, OperatorOpts, Teardown, POSTGRES};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{DynamicObject, PostParams};
+use kube::Api;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use stateward_testkit::TestEnv;
+
+/// Deletes the test's ValidatingWebhookConfiguration when the test ends (before the
+/// namespace teardown, which must be able to change the custom resources).
+struct VwcGuard {
+    kubectl: std::process::Command,
+}
+
+impl VwcGuard {
+    fn new(env: &TestEnv) -> VwcGuard {
+        let mut kubectl = env.kubectl();
+        kubectl.args(["delete", "validatingwebhookconfiguration", &vwc_name(env), "--ignore-not-found"]);
+        VwcGuard { kubectl }
+    }
+}
+
+impl Drop for VwcGuard {
+    fn drop(&mut self) {
+        let _ = self.kubectl.output();
+    }
+}
+
+fn vwc_name(env: &TestEnv) -> String {
+    format!("stateward-{}", env.namespace)
+}
+
+/// Starts an operator for the test namespace whose webhook listens on `port`.
+fn webhook_operator(env: &TestEnv, name: &str, port: u16, extra: &[&str]) -> Operator {
+    let mut args: Vec<String> = vec![
+        "--webhook-addr".into(),
+        format!("127.0.0.1:{port}"),
+        "--webhook-url".into(),
+        format!("https://127.0.0.1:{port}"),
+        "--webhook-configuration".into(),
+        vwc_name(env),
+        "--webhook-configure".into(),
+        "validating".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Operator::start_with(
+        env,
+        name,
+        OperatorOpts {
+            namespace: env.namespace.clone(),
+            lease_namespace: env.namespace.clone(),
+            webhook_args: args,
+            ..Default::default()
+        },
+    )
+}
+
+fn pg_api(env: &TestEnv) -> Api<DynamicObject> {
+    POSTGRES.api(env)
+}
+
+fn object(v: &Value) -> DynamicObject {
+    serde_json::from_value(v.clone()).expect("manifest is an object")
+}
+
+fn dry_run() -> PostParams {
+    PostParams { dry_run: true, field_manager: None }
+}
+
+/// Waits until the API server calls the webhook successfully (configuration applied, CA
+/// trusted, server up): a server-side dry-run create goes through.
+async fn wait_webhook_ready(env: &TestEnv, op: &mut Operator) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let api = pg_api(env);
+    let probe = object(&POSTGRES.manifest("probe", 3, "Retain"));
+    let vwcs: Api<DynamicObject> = Api::all_with(
+        env.client.clone(),
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration"),
+            "validatingwebhookconfigurations",
+        ),
+    );
+    loop {
+        if let Some(status) = op.exited() {
+            bail!("operator exited with {status}:\n{}", op.log_tail(40));
+        }
+        let configured = vwcs.get_opt(&vwc_name(env)).await?.is_some();
+        if configured && api.create(&dry_run(), &probe).await.is_ok() {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            bail!("webhook not serving after 90 s:\n{}", op.log_tail(40));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Grants user `alice` full access to the custom resources in the test namespace, so that
+/// only the admission webhook decides what she may do.
+fn grant_alice(env: &TestEnv) {
+    for args in [
+        vec!["create", "role", "cr-editor", "--verb=*", "--resource=postgresclusters.stateward.dev,redisclusters.stateward.dev,elasticsearchclusters.stateward.dev"],
+        vec!["create", "rolebinding", "alice-cr-editor", "--role=cr-editor", "--user=alice"],
+    ] {
+        let out = env.kubectl().args(&args).args(["-n", &env.namespace]).output().expect("kubectl");
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// `kubectl apply` of `manifest` as `alice` in `group`, with extra args; (success, stderr).
+fn apply_as_alice(env: &TestEnv, group: &str, manifest: &Value, extra: &[&str]) -> (bool, String) {
+    let out = e2e::kubectl_stdin(
+        env,
+        &[&["apply", "-n", &env.namespace, "--as", "alice", "--as-group", group, "-f", "-"][..], extra].concat(),
+        &manifest.to_string(),
+    );
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn audit_admissions(op: &Operator) -> Vec<Value> {
+    std::fs::read_to_string(&op.audit)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["path"] == "stateward/admission")
+        .collect()
+}
+
+#[tokio::test]
+async fn retention_delete_is_denied_to_dev_allowed_to_admins_and_both_audited() -> anyhow::Result<()> {
+    let env = TestEnv::new("wh-authz").await?;
+    let _teardown = Teardown::new(&env);
+    let _vwc = VwcGuard::new(&env);
+    let port = e2e::free_port();
+    let mut op = webhook_operator(&env, "wh-authz", port, &[]);
+    let ready = wait_webhook_ready(&env, &mut op).await?;
+    eprintln!("webhook serving {ready:.1?} after start");
+    grant_alice(&env);
+
+    let manifest = POSTGRES.manifest("pg-delete", 1, "Delete");
+    // Dry run first: decided (and audited) like the real thing, nothing stored.
+    let (ok, err) = apply_as_alice(&env, "dev", &manifest, &["--dry-run=server"]);
+    ensure!(!ok, "dry-run as dev was allowed");
+    ensure!(err.contains("retention-delete: alice may not set retentionPolicy: Delete"), "dry-run denial: {err}");
+
+    let (ok, err) = apply_as_alice(&env, "dev", &manifest, &[]);
+    ensure!(!ok, "alice in dev could set retentionPolicy: Delete");
+    ensure!(err.contains("denied the request"), "not an admission denial: {err}");
+    ensure!(err.contains("retention-delete: alice may not set retentionPolicy: Delete"), "policy message missing: {err}");
+    ensure!(pg_api(&env).get_opt("pg-delete").await?.is_none(), "a denied object was stored");
+
+    let (ok, err) = apply_as_alice(&env, "stateward:admins", &manifest, &["--dry-run=server"]);
+    ensure!(ok, "dry-run as admin denied: {err}");
+    ensure!(pg_api(&env).get_opt("pg-delete").await?.is_none(), "a dry-run object was stored");
+
+    let (ok, err) = apply_as_alice(&env, "stateward:admins", &manifest, &[]);
+    ensure!(ok, "alice in stateward:admins was denied: {err}");
+    // The policy's warn set reaches kubectl as an admission warning.
+    ensure!(err.contains("single-replica"), "no admission warning for one replica: {err}");
+    ensure!(pg_api(&env).get_opt("pg-delete").await?.is_some(), "allowed object not stored");
+
+    let records = audit_admissions(&op);
+    let by_alice: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["requested_by"] == "alice" && r["input"]["object"]["metadata"]["name"] == "pg-delete")
+        .collect();
+    let outcome = |groups: &str, dry: bool| {
+        by_alice
+            .iter()
+            .filter(|r| r["input"]["userInfo"]["groups"].as_array().is_some_and(|g| g.iter().any(|x| x == groups)))
+            .filter(|r| r["input"]["dryRun"] == dry)
+            .map(|r| r["result"]["enforced"]["allowed"].as_bool())
+            .collect::<Vec<_>>()
+    };
+    ensure!(outcome("dev", true) == [Some(false)], "dev dry-run audit: {:?}", outcome("dev", true));
+    ensure!(outcome("dev", false) == [Some(false)], "dev audit: {:?}", outcome("dev", false));
+    ensure!(outcome("stateward:admins", true) == [Some(true)], "admin dry-run audit: {:?}", outcome("stateward:admins", true));
+    ensure!(outcome("stateward:admins", false) == [Some(true)], "admin audit: {:?}", outcome("stateward:admins", false));
+    let verify = std::process::Command::new(env!("CARGO_BIN_EXE_stateward")).args(["audit", "verify"]).arg(&op.audit).output()?;
+    ensure!(verify.status.success(), "audit chain broken: {}", String::from_utf8_lossy(&verify.stdout));
+    eprintln!("audit: {} admission decisions, {} by alice", records.len(), by_alice.len());
+    Ok(())
+}
+
+#[tokio::test]
+async fn plugin_validation_errors_reach_kubectl_with_the_field_path() -> anyhow::Result<()> {
+    let env = TestEnv::new("wh-validate").await?;
+    let _teardown = Teardown::new(&env);
+    let _vwc = VwcGuard::new(&env);
+    let port = e2e::free_port();
+    let mut op = webhook_operator(&env, "wh-validate", port, &[]);
+    wait_webhook_ready(&env, &mut op).await?;
+    e2e::apply(&env, &env.namespace, &POSTGRES.manifest("pg", 3, "Retain"));
+    // A major upgrade passes the schema (any version string) but not the plugin's validate.
+    let out = e2e::patch(&env, &env.namespace, "postgrescluster/pg", &json!({"spec": {"version": "18.1"}}));
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "major upgrade accepted");
+    ensure!(err.contains("spec.version: major upgrade from 17.2 to 18.1"), "no field path in: {err}");
+    // A change the plugin accepts still goes through.
+    let out = e2e::patch(&env, &env.namespace, "postgrescluster/pg", &json!({"spec": {"version": "17.3"}}));
+    ensure!(out.status.success(), "minor upgrade refused: {}", String::from_utf8_lossy(&out.stderr));
+    let record = audit_admissions(&op)
+        .into_iter()
+        .find(|r| r["input"]["fieldErrors"].as_array().is_some_and(|e| !e.is_empty()))
+        .context("the refused update is not in the audit log")?;
+    ensure!(record["input"]["fieldErrors"][0]["path"] == "spec.version", "audited field errors: {}", record["input"]["fieldErrors"]);
+    Ok(())
+}
+
+/// SHA-256 of the leaf certificate the webhook presents now, verified against `ca_pem` for
+/// 127.0.0.1 (what the API server checks).
+async fn served_fingerprint(port: u16, ca_pem: &[u8]) -> anyhow::Result<String> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(cert?)?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let name = ServerName::try_from("127.0.0.1")?.to_owned();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
+    let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).context("no peer certificate")?;
+    Ok(hex::encode(Sha256::digest(leaf.as_ref())))
+}
+
+#[tokio::test]
+async fn serving_certificate_rotates_under_admission_load_without_a_failed_request() -> anyhow::Result<()> {
+    let env = TestEnv::new("wh-rotate").await?;
+    let _teardown = Teardown::new(&env);
+    let _vwc = VwcGuard::new(&env);
+    let port = e2e::free_port();
+    // 8 s certificates renewed with 5 s left: a new certificate about every 3 s.
+    let mut op = webhook_operator(&env, "wh-rotate", port, &["--cert-lifetime", "8s", "--cert-renew-before", "5s"]);
+    wait_webhook_ready(&env, &mut op).await?;
+    let secrets: Api<Secret> = env.api();
+    let ca = |s: &Secret| s.data.as_ref().and_then(|d| d.get("ca.crt")).map(|b| b.0.clone()).unwrap_or_default();
+    let first = secrets.get("stateward-webhook-tls").await?;
+    let ca_pem = ca(&first);
+
+    let requests = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let deadline = Instant::now() + Duration::from_secs(25);
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        let (api, requests, failures) = (pg_api(&env), Arc::clone(&requests), Arc::clone(&failures));
+        workers.push(tokio::spawn(async move {
+            let probe = object(&POSTGRES.manifest(&format!("load-{w}"), 3, "Retain"));
+            while Instant::now() < deadline {
+                requests.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = api.create(&dry_run(), &probe).await {
+                    failures.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
+                }
+            }
+        }));
+    }
+    // Meanwhile, watch what the webhook serves (each probe is a fresh handshake).
+    let mut seen = Vec::<String>::new();
+    while Instant::now() < deadline {
+        let fp = served_fingerprint(port, &ca_pem).await.context("handshake with the webhook")?;
+        if seen.last() != Some(&fp) {
+            seen.push(fp);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for w in workers {
+        w.await?;
+    }
+    let last = secrets.get("stateward-webhook-tls").await?;
+    let generations = |s: &Secret| {
+        s.metadata.annotations.as_ref().and_then(|a| a.get("stateward.dev/cert-generation")).and_then(|g| g.parse::<u64>().ok()).unwrap_or(0)
+    };
+    let (n, failed) = (requests.load(Ordering::Relaxed), failures.lock().unwrap_or_else(|p| p.into_inner()).clone());
+    let decisions = audit_admissions(&op).iter().filter(|r| r["input"]["dryRun"] == true).count();
+    eprintln!(
+        "rotation: {} distinct served certificates, generation {} -> {}, {n} admission requests, {} failed, {decisions} audited dry-run decisions",
+        seen.len(), generations(&first), generations(&last), failed.len()
+    );
+    ensure!(failed.is_empty(), "{} of {n} requests failed, first: {}", failed.len(), failed[0]);
+    ensure!(seen.len() >= 3, "the served certificate changed only {} times", seen.len() - 1);
+    ensure!(ca(&last) == ca_pem, "the CA changed during serving-certificate rotation");
+    ensure!(n >= 40, "only {n} admission requests ran");
+    ensure!(decisions >= n, "{decisions} audited decisions for {n} requests: the webhook was bypassed");
+    ensure!(BTreeSet::from_iter(seen.iter()).len() == seen.len(), "an old certificate came back");
+    Ok(())
+}
+
+#[tokio::test]
+async fn operator_down_refuses_managed_kinds_and_nothing_else() -> anyhow::Result<()> {
+    let env = TestEnv::new("wh-closed").await?;
+    let _teardown = Teardown::new(&env);
+    let _vwc = VwcGuard::new(&env);
+    let port = e2e::free_port();
+    let mut op = webhook_operator(&env, "wh-closed", port, &[]);
+    wait_webhook_ready(&env, &mut op).await?;
+    op.kill9();
+
+    let api = pg_api(&env);
+    let refused = api.create(&PostParams::default(), &object(&POSTGRES.manifest("pg", 3, "Retain"))).await;
+    match refused {
+        Err(kube::Error::Api(s)) => ensure!(s.message.contains("failed calling webhook"), "refused for another reason: {}", s.message),
+        Err(e) => bail!("unexpected error: {e}"),
+        Ok(_) => bail!("a managed kind was created with the webhook down"),
+    }
+    for kind in [e2e::REDIS, e2e::ELASTICSEARCH] {
+        let r = kind.api(&env).create(&dry_run(), &object(&kind.manifest("x", 3, "Retain"))).await;
+        ensure!(r.is_err(), "{} accepted with the webhook down", kind.kind);
+    }
+    // Everything else is untouched: reads of the managed kinds, other kinds' writes.
+    ensure!(api.list(&Default::default()).await?.items.is_empty(), "list failed");
+    let cms: Api<ConfigMap> = env.api();
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "unaffected"}, "data": {"a": "b"}}))?;
+    cms.create(&PostParams::default(), &cm).await.context("a ConfigMap was refused with the webhook down")?;
+    let secrets: Api<Secret> = env.api();
+    let s: Secret = serde_json::from_value(json!({"metadata": {"name": "unaffected"}, "stringData": {"a": "b"}}))?;
+    secrets.create(&PostParams::default(), &s).await.context("a Secret was refused with the webhook down")?;
+
+    // Back up: the same configuration works again, with the CA kept in the Secret.
+    let mut op = webhook_operator(&env, "wh-closed-2", port, &[]);
+    wait_webhook_ready(&env, &mut op).await?;
+    api.create(&PostParams::default(), &object(&POSTGRES.manifest("pg", 3, "Retain"))).await.context("create after restart")?;
+    Ok(())
+}
