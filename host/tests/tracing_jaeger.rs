@@ -426,3 +426,45 @@ fn a_closed_collector_port_drops_and_counts_without_blocking() {
     assert!(full + failed <= made, "each span is counted at most once: {full} + {failed}");
     let _ = provider.shutdown_with_timeout(Duration::from_secs(2));
 }
+
+/// Runs in a child process (the log subscriber is process-global): export off, JSON logs.
+#[test]
+#[ignore = "helper: run by json_log_lines_carry_the_trace_ids_with_export_off in a child process"]
+fn json_trace_id_child() {
+    stateward::telemetry::logging::init(true);
+    for name in ["first", "second"] {
+        let reconcile = tracing::info_span!("reconcile", kind = "PostgresCluster", name);
+        let _r = reconcile.enter();
+        tracing::info!("observed");
+        tracing::info_span!("plugin.call", plugin = "postgres").in_scope(|| tracing::warn!("from the plugin"));
+    }
+    tracing::info!("outside any span");
+}
+
+/// With no OTEL_* variables (export off) every log line inside a span still names its trace and
+/// span: one trace id per reconcile, shared by its child spans' lines, none outside spans.
+#[test]
+fn json_log_lines_carry_the_trace_ids_with_export_off() {
+    let exe = std::env::current_exe().expect("test binary");
+    let mut cmd = Command::new(exe);
+    cmd.args(["--exact", "json_trace_id_child", "--ignored", "--nocapture", "--test-threads=1"]).env_remove("RUST_LOG");
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("OTEL_")) {
+        cmd.env_remove(k);
+    }
+    let out = cmd.output().expect("run child");
+    assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<Value> = stderr.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).expect(l)).collect();
+    assert_eq!(lines.len(), 5, "{stderr}");
+    let id = |l: &Value, key: &str| l[key].as_str().map(str::to_owned);
+    let hex = |s: &Option<String>, n: usize| s.as_ref().is_some_and(|s| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit()));
+    for l in &lines[..4] {
+        assert!(hex(&id(l, "trace_id"), 32) && hex(&id(l, "span_id"), 16), "W3C ids: {l}");
+    }
+    assert_eq!(id(&lines[0], "trace_id"), id(&lines[1], "trace_id"), "a child span's line is in its reconcile's trace");
+    assert_ne!(id(&lines[0], "span_id"), id(&lines[1], "span_id"), "but names its own span");
+    assert_eq!(lines[1]["plugin"], "postgres");
+    assert_eq!(id(&lines[2], "trace_id"), id(&lines[3], "trace_id"));
+    assert_ne!(id(&lines[0], "trace_id"), id(&lines[2], "trace_id"), "each reconcile is its own trace");
+    assert!(lines[4].get("trace_id").is_none(), "no trace outside spans: {}", lines[4]);
+}
