@@ -77,6 +77,8 @@ impl Reloader {
     async fn watch_plugins(self, synced: watch::Sender<bool>) {
         // ConfigMap name → (plugin name, digest) of what it last delivered, accepted or not.
         let mut seen: BTreeMap<String, (String, String)> = BTreeMap::new();
+        // Plugin name → the ConfigMap whose build serves it.
+        let mut active: BTreeMap<String, String> = BTreeMap::new();
         let mut rejected: BTreeMap<String, plugins::Rejection> = BTreeMap::new();
         let mut listing: Option<Vec<String>> = None;
         let mut events = std::pin::pin!(self.configmaps(plugins::PLUGIN_LABEL));
@@ -87,14 +89,14 @@ impl Reloader {
                     if let Some(l) = listing.as_mut() {
                         l.push(cm.name_any());
                     }
-                    self.plugin_configmap(&cm, &mut seen, &mut rejected).await;
+                    self.plugin_configmap(&cm, &mut seen, &mut active, &mut rejected).await;
                 }
-                Ok(watcher::Event::Delete(cm)) => self.plugin_configmap_gone(&cm.name_any(), &mut seen, &mut rejected),
+                Ok(watcher::Event::Delete(cm)) => self.plugin_configmap_gone(&cm.name_any(), &mut seen, &mut active, &mut rejected),
                 Ok(watcher::Event::InitDone) => {
                     let present = listing.take().unwrap_or_default();
                     let gone: Vec<String> = seen.keys().filter(|n| !present.contains(n)).cloned().collect();
                     for name in gone {
-                        self.plugin_configmap_gone(&name, &mut seen, &mut rejected);
+                        self.plugin_configmap_gone(&name, &mut seen, &mut active, &mut rejected);
                     }
                     let _ = synced.send(true);
                 }
@@ -107,6 +109,7 @@ impl Reloader {
         &self,
         cm: &ConfigMap,
         seen: &mut BTreeMap<String, (String, String)>,
+        active: &mut BTreeMap<String, String>,
         rejected: &mut BTreeMap<String, plugins::Rejection>,
     ) {
         let cm_name = cm.name_any();
@@ -125,6 +128,7 @@ impl Reloader {
         match vetted {
             Ok(plugin) => {
                 rejected.remove(&cm_name);
+                active.insert(plugin.name().to_string(), cm_name.clone());
                 self.swap(Arc::new(plugin), &cm_name, started.elapsed());
                 self.event(cm, EventType::Normal, "PluginLoaded", &format!("loaded from binaryData[\"{}\"]", plugins::WASM_KEY)).await;
             }
@@ -147,13 +151,20 @@ impl Reloader {
         let _ = self.swaps.send(Swap::Plugin { kinds, new_kinds });
     }
 
-    fn plugin_configmap_gone(&self, cm_name: &str, seen: &mut BTreeMap<String, (String, String)>, rejected: &mut BTreeMap<String, plugins::Rejection>) {
+    fn plugin_configmap_gone(
+        &self,
+        cm_name: &str,
+        seen: &mut BTreeMap<String, (String, String)>,
+        active: &mut BTreeMap<String, String>,
+        rejected: &mut BTreeMap<String, plugins::Rejection>,
+    ) {
         rejected.remove(cm_name);
-        let Some((name, _)) = seen.remove(cm_name) else { return };
-        // Another ConfigMap may still deliver the same plugin; only the last one going falls back.
-        if seen.values().any(|(n, _)| *n == name) {
-            return;
-        }
+        seen.remove(cm_name);
+        // Only the ConfigMap whose build serves matters; a rejected one going changes nothing.
+        let Some(name) = active.iter().find(|(_, cm)| *cm == cm_name).map(|(n, _)| n.clone()) else {
+            return self.publish_plugins(rejected);
+        };
+        active.remove(&name);
         if self.registry.remove_override(&name) {
             if let Some(builtin) = self.registry.builtin(&name) {
                 self.metrics.plugin_loaded(builtin.name(), builtin.version(), builtin.digest());
