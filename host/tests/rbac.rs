@@ -189,7 +189,16 @@ const PERMISSIONS: &[Grant] = &[
         resources: &["configmaps"],
         verbs: &["get", "list", "watch"],
         names: &[],
-        code: "reserved: plugin hot reload from ConfigMaps in the operator namespace (later issue)",
+        code: "reload/mod.rs: Reloader::configmaps — watcher over ConfigMaps labelled \
+               stateward.dev/plugin or stateward.dev/policy=true (list + watch)",
+    },
+    Grant {
+        scope: Scope::Operator,
+        group: "events.k8s.io",
+        resources: &["events"],
+        verbs: &["create", "patch"],
+        names: &[],
+        code: "reload/mod.rs: Reloader::event — Recorder::publish on a plugin or policy ConfigMap",
     },
 ];
 
@@ -231,6 +240,11 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     // Not an API call: ctx.applier.delete(..) (Applier::delete above).
     ("controller/reconcile.rs", ".delete(", 1),
     ("controller/reconcile.rs", "Api::namespaced", 1),
+    ("reload/mod.rs", "watcher(", 1),
+    ("reload/mod.rs", "Api::namespaced", 1),
+    ("reload/mod.rs", "Recorder::new", 1),
+    // Not an API call: LiveGate::replace (a new policy bundle).
+    ("reload/mod.rs", ".replace(", 1),
     // Lease create / replace (acquire, renew, release) / get_opt (twice).
     ("leader.rs", ".create(", 1),
     ("leader.rs", ".replace(", 2),
