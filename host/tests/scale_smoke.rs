@@ -1,0 +1,60 @@
+//! The scale benchmark (benches/scale.rs) at N = 20, so it cannot rot: 20 mixed resources
+//! must all become Available, with at most children + 2 writes each (status, finalizer) as
+//! the API server counts the operator's ServiceAccount, no write at all in a short steady
+//! window, and a change to all 20 specs must converge again. The raw server-side-apply
+//! baseline runs too (its writes must equal the children it applies).
+
+mod scale;
+
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_mixed_resources_converge_within_the_write_budget() {
+    let cluster = stateward_testkit::cluster().await.expect("local cluster");
+    let bench = scale::Bench::new(cluster.kubeconfig(), std::path::Path::new(env!("CARGO_BIN_EXE_stateward")))
+        .await
+        .expect("benchmark setup");
+    let work_dir = std::env::temp_dir().join(stateward_testkit::unique_name("scale-smoke"));
+    let opts = scale::Options {
+        n: 20,
+        concurrency: 8,
+        steady: Duration::from_secs(15),
+        timeout: Duration::from_secs(240),
+        baseline: true,
+        storm: true,
+        work_dir: work_dir.clone(),
+    };
+    let started = std::time::Instant::now();
+    let report = bench.run(&opts).await.expect("scale run at N = 20");
+    eprintln!("scale smoke ({:.0?}):\n{}", started.elapsed(), scale::table(std::slice::from_ref(&report)));
+    eprintln!("{report:#?}");
+
+    assert_eq!(report.available, 20, "not every resource became Available");
+    assert!(report.children_per_cr >= 6.0, "the plans are smaller than expected: {}", report.children_per_cr);
+    // The counter sees the operator: creating children takes at least one write per child.
+    assert!(
+        report.writes_per_cr >= report.children_per_cr,
+        "the API server counted {} writes per resource for {} children: the FlowSchema does not see the operator",
+        report.writes_per_cr,
+        report.children_per_cr
+    );
+    assert!(
+        report.writes_per_cr <= report.children_per_cr + 2.0,
+        "{:.2} writes per resource, budget children + 2 = {:.2}",
+        report.writes_per_cr,
+        report.children_per_cr + 2.0
+    );
+    assert_eq!(report.steady_writes, 0.0, "writes in the steady window");
+    assert_eq!(report.steady_events, 0.0, "Events in the steady window");
+    assert_eq!(report.steady_metric_writes, 0.0, "stateward_api_writes_total moved in the steady window");
+    let baseline_writes = report.baseline_writes_per_cr.expect("baseline ran");
+    assert!(
+        (baseline_writes - report.children_per_cr).abs() < 1e-9,
+        "the loader's writes per resource {baseline_writes} differ from the planned children {}",
+        report.children_per_cr
+    );
+    assert!(report.storm_secs.is_some(), "the change storm did not converge");
+    assert!(report.p99_ms >= report.p50_ms && report.p50_ms > 0.0, "no reconcile histogram: {report:?}");
+    assert!(report.peak_rss_mib > 0.0 && report.cpu_total_secs > 0.0);
+    let _ = std::fs::remove_dir_all(&work_dir);
+}
