@@ -157,11 +157,19 @@ async fn execute_one(ctx: &Context, action: &Action, resource: &Value, namespace
         }
         Action::Delete { target } => {
             let present = observed(&target.api_version, &target.kind, &target.name).is_some();
-            ctx.applier.delete(target, namespace, present).await?
+            let wrote = ctx.applier.delete(target, namespace, present).await?;
+            if wrote {
+                ctx.metrics.api_write("delete", &target.kind);
+            }
+            wrote
         }
         Action::EnsureSecret { secret } => {
             let existing = ctx.children.secret(namespace, &secret.name);
-            ctx.applier.ensure_secret(secret, namespace, existing.as_deref()).await?
+            let wrote = ctx.applier.ensure_secret(secret, namespace, existing.as_deref()).await?;
+            if wrote {
+                ctx.metrics.api_write("ensure-secret", "Secret");
+            }
+            wrote
         }
     };
     tracing::Span::current().record("wrote", wrote);
