@@ -247,26 +247,34 @@ async fn served_fingerprint(port: u16, ca_pem: &[u8]) -> anyhow::Result<String> 
     Ok(hex::encode(Sha256::digest(leaf.as_ref())))
 }
 
-#[tokio::test]
-async fn serving_certificate_rotates_under_admission_load_without_a_failed_request() -> anyhow::Result<()> {
-    let env = TestEnv::new("wh-rotate").await?;
-    let _teardown = Teardown::new(&env);
-    let _vwc = VwcGuard::new(&env);
-    let port = e2e::free_port();
-    // 8 s certificates renewed with 5 s left: a new certificate about every 3 s.
-    let mut op = webhook_operator(&env, "wh-rotate", port, &["--cert-lifetime", "8s", "--cert-renew-before", "5s"]);
-    wait_webhook_ready(&env, &mut op).await?;
-    let secrets: Api<Secret> = env.api();
-    let ca = |s: &Secret| s.data.as_ref().and_then(|d| d.get("ca.crt")).map(|b| b.0.clone()).unwrap_or_default();
-    let first = secrets.get("stateward-webhook-tls").await?;
-    let ca_pem = ca(&first);
+/// What a run of admission requests saw while certificates rotated.
+struct RotationRun {
+    requests: usize,
+    failures: Vec<String>,
+    /// Leaf fingerprints in the order they were first served.
+    served: Vec<String>,
+    /// CA certificates (PEM) in the order the Secret held them.
+    cas: Vec<String>,
+    generations: (u64, u64),
+}
 
+/// Runs 4 loops of server-side dry-run creates (each one an admission request through the
+/// webhook) for `secs`, while handshaking with the webhook every 200 ms to see which
+/// certificate it serves (verified against the CAs the Secret held, for 127.0.0.1).
+async fn admission_load_through_rotation(env: &TestEnv, port: u16, secs: u64) -> anyhow::Result<RotationRun> {
+    let secrets: Api<Secret> = env.api();
+    let ca = |s: &Secret| s.data.as_ref().and_then(|d| d.get("ca.crt")).map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
+    let generation = |s: &Secret| {
+        s.metadata.annotations.as_ref().and_then(|a| a.get("stateward.dev/cert-generation")).and_then(|g| g.parse::<u64>().ok()).unwrap_or(0)
+    };
+    let first = secrets.get("stateward-webhook-tls").await?;
+    let mut cas = vec![ca(&first)];
     let requests = Arc::new(AtomicUsize::new(0));
     let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-    let deadline = Instant::now() + Duration::from_secs(25);
+    let deadline = Instant::now() + Duration::from_secs(secs);
     let mut workers = Vec::new();
     for w in 0..4 {
-        let (api, requests, failures) = (pg_api(&env), Arc::clone(&requests), Arc::clone(&failures));
+        let (api, requests, failures) = (pg_api(env), Arc::clone(&requests), Arc::clone(&failures));
         workers.push(tokio::spawn(async move {
             let probe = object(&POSTGRES.manifest(&format!("load-{w}"), 3, "Retain"));
             while Instant::now() < deadline {
@@ -277,12 +285,15 @@ async fn serving_certificate_rotates_under_admission_load_without_a_failed_reque
             }
         }));
     }
-    // Meanwhile, watch what the webhook serves (each probe is a fresh handshake).
-    let mut seen = Vec::<String>::new();
+    let mut served = Vec::<String>::new();
     while Instant::now() < deadline {
-        let fp = served_fingerprint(port, &ca_pem).await.context("handshake with the webhook")?;
-        if seen.last() != Some(&fp) {
-            seen.push(fp);
+        let now_ca = ca(&secrets.get("stateward-webhook-tls").await?);
+        if cas.last() != Some(&now_ca) {
+            cas.push(now_ca);
+        }
+        let fp = served_fingerprint(port, cas.concat().as_bytes()).await.context("handshake with the webhook")?;
+        if served.last() != Some(&fp) {
+            served.push(fp);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -290,21 +301,57 @@ async fn serving_certificate_rotates_under_admission_load_without_a_failed_reque
         w.await?;
     }
     let last = secrets.get("stateward-webhook-tls").await?;
-    let generations = |s: &Secret| {
-        s.metadata.annotations.as_ref().and_then(|a| a.get("stateward.dev/cert-generation")).and_then(|g| g.parse::<u64>().ok()).unwrap_or(0)
-    };
-    let (n, failed) = (requests.load(Ordering::Relaxed), failures.lock().unwrap_or_else(|p| p.into_inner()).clone());
+    let failures = failures.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    Ok(RotationRun { requests: requests.load(Ordering::Relaxed), failures, served, cas, generations: (generation(&first), generation(&last)) })
+}
+
+#[tokio::test]
+async fn serving_certificate_rotates_under_admission_load_without_a_failed_request() -> anyhow::Result<()> {
+    let env = TestEnv::new("wh-rotate").await?;
+    let _teardown = Teardown::new(&env);
+    let _vwc = VwcGuard::new(&env);
+    let port = e2e::free_port();
+    // 8 s certificates renewed with 5 s left: a new certificate about every 3 s.
+    let mut op = webhook_operator(&env, "wh-rotate", port, &["--cert-lifetime", "8s", "--cert-renew-before", "5s"]);
+    wait_webhook_ready(&env, &mut op).await?;
+    let run = admission_load_through_rotation(&env, port, 25).await?;
+    let n = run.requests;
     let decisions = audit_admissions(&op).iter().filter(|r| r["input"]["dryRun"] == true).count();
     eprintln!(
         "rotation: {} distinct served certificates, generation {} -> {}, {n} admission requests, {} failed, {decisions} audited dry-run decisions",
-        seen.len(), generations(&first), generations(&last), failed.len()
+        run.served.len(), run.generations.0, run.generations.1, run.failures.len()
     );
-    ensure!(failed.is_empty(), "{} of {n} requests failed, first: {}", failed.len(), failed[0]);
-    ensure!(seen.len() >= 3, "the served certificate changed only {} times", seen.len() - 1);
-    ensure!(ca(&last) == ca_pem, "the CA changed during serving-certificate rotation");
+    ensure!(run.failures.is_empty(), "{} of {n} requests failed, first: {}", run.failures.len(), run.failures[0]);
+    ensure!(run.served.len() >= 3, "the served certificate changed only {} times", run.served.len() - 1);
+    ensure!(run.cas.len() == 1, "the CA changed during serving-certificate rotation");
     ensure!(n >= 40, "only {n} admission requests ran");
     ensure!(decisions >= n, "{decisions} audited decisions for {n} requests: the webhook was bypassed");
-    ensure!(BTreeSet::from_iter(seen.iter()).len() == seen.len(), "an old certificate came back");
+    ensure!(BTreeSet::from_iter(run.served.iter()).len() == run.served.len(), "an old certificate came back");
+    Ok(())
+}
+
+#[tokio::test]
+async fn ca_rotation_trusts_both_cas_before_switching_and_no_request_fails() -> anyhow::Result<()> {
+    let env = TestEnv::new("wh-ca-rotate").await?;
+    let _teardown = Teardown::new(&env);
+    let _vwc = VwcGuard::new(&env);
+    let port = e2e::free_port();
+    // A 20 s CA is replaced when less than one serving lifetime (8 s) is left: every ~12 s.
+    let mut op = webhook_operator(
+        &env,
+        "wh-ca-rotate",
+        port,
+        &["--cert-lifetime", "8s", "--cert-renew-before", "5s", "--ca-lifetime", "20s"],
+    );
+    wait_webhook_ready(&env, &mut op).await?;
+    let run = admission_load_through_rotation(&env, port, 30).await?;
+    eprintln!(
+        "CA rotation: {} CAs, {} served certificates, {} admission requests, {} failed",
+        run.cas.len(), run.served.len(), run.requests, run.failures.len()
+    );
+    ensure!(run.failures.is_empty(), "{} of {} requests failed, first: {}", run.failures.len(), run.requests, run.failures[0]);
+    ensure!(run.cas.len() >= 3, "the CA changed only {} times", run.cas.len() - 1);
+    ensure!(run.requests >= 40, "only {} admission requests ran", run.requests);
     Ok(())
 }
 
@@ -342,5 +389,104 @@ async fn operator_down_refuses_managed_kinds_and_nothing_else() -> anyhow::Resul
     let mut op = webhook_operator(&env, "wh-closed-2", port, &[]);
     wait_webhook_ready(&env, &mut op).await?;
     api.create(&PostParams::default(), &object(&POSTGRES.manifest("pg", 3, "Retain"))).await.context("create after restart")?;
+    Ok(())
+}
+
+/// Minimal stand-ins for cert-manager's CRDs (schema-less), so `--cert-manager` can apply its
+/// Issuers and Certificates. Cluster-scoped but used by no other test; applied idempotently.
+fn install_cert_manager_crds(env: &TestEnv) -> anyhow::Result<()> {
+    for (kind, plural) in [("Issuer", "issuers"), ("Certificate", "certificates")] {
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": { "name": format!("{plural}.cert-manager.io") },
+            "spec": {
+                "group": "cert-manager.io", "scope": "Namespaced",
+                "names": { "kind": kind, "plural": plural, "singular": kind.to_lowercase() },
+                "versions": [{ "name": "v1", "served": true, "storage": true,
+                    "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } } }],
+            },
+        });
+        let out = e2e::kubectl_stdin(env, &["apply", "--server-side", "--field-manager", "stateward-webhook-test", "-f", "-"], &crd.to_string());
+        ensure!(out.status.success(), "installing {plural}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = env
+        .kubectl()
+        .args(["wait", "--for=condition=Established", "--timeout=60s", "crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io"])
+        .output()?;
+    ensure!(out.status.success(), "cert-manager CRDs not established: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}
+
+/// Writes what cert-manager would: the serving pair and the issuing CA in the Secret.
+async fn play_cert_manager(env: &TestEnv, cert: &stateward_testkit::LoopbackCert) -> anyhow::Result<()> {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "stateward-webhook-tls" },
+        "type": "kubernetes.io/tls",
+        "stringData": { "tls.crt": cert.cert_pem, "tls.key": cert.key_pem, "ca.crt": cert.ca_pem },
+    }))?;
+    let secrets: Api<Secret> = env.api();
+    secrets
+        .patch("stateward-webhook-tls", &kube::api::PatchParams::apply("cert-manager").force(), &kube::api::Patch::Apply(&secret))
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn cert_manager_mode_renders_its_certificates_and_serves_what_cert_manager_issues() -> anyhow::Result<()> {
+    use base64::Engine as _;
+    let env = TestEnv::new("wh-certmgr").await?;
+    let _teardown = Teardown::new(&env);
+    let _vwc = VwcGuard::new(&env);
+    install_cert_manager_crds(&env)?;
+    let port = e2e::free_port();
+    let mut op = webhook_operator(&env, "wh-certmgr", port, &["--cert-manager"]);
+
+    let certs: Api<DynamicObject> = Api::namespaced_with(
+        env.client.clone(),
+        &env.namespace,
+        &kube::core::ApiResource::from_gvk_with_plural(&kube::core::GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate"), "certificates"),
+    );
+    let (serving, _) = e2e::wait_for("the serving Certificate", Duration::from_secs(60), || async {
+        let found = certs.get_opt("stateward-webhook").await.map_err(|e| e.to_string())?;
+        found.map(|c| serde_json::to_value(c).unwrap_or_default()).ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    ensure!(serving["spec"]["ipAddresses"] == json!(["127.0.0.1"]), "ipAddresses {}", serving["spec"]);
+    ensure!(serving["spec"]["secretName"] == "stateward-webhook-tls", "secretName {}", serving["spec"]);
+    ensure!(serving["spec"]["issuerRef"]["name"] == "stateward-webhook-ca", "issuerRef {}", serving["spec"]);
+
+    // Nothing is served until cert-manager fills the Secret: fail closed meanwhile.
+    let first = stateward_testkit::LoopbackCert::generate()?;
+    play_cert_manager(&env, &first).await?;
+    wait_webhook_ready(&env, &mut op).await?;
+    ensure!(served_fingerprint(port, first.ca_pem.as_bytes()).await? == hex::encode(Sha256::digest(&first.cert_der)), "not serving cert-manager's certificate");
+
+    // cert-manager renews (here even with a new CA): served and injected without a restart.
+    let second = stateward_testkit::LoopbackCert::generate()?;
+    play_cert_manager(&env, &second).await?;
+    let decode = |b: &Value| {
+        let text = base64::engine::general_purpose::STANDARD.decode(b.as_str().unwrap_or_default()).unwrap_or_default();
+        String::from_utf8(text).unwrap_or_default()
+    };
+    let vwcs: Api<DynamicObject> = Api::all_with(
+        env.client.clone(),
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration"),
+            "validatingwebhookconfigurations",
+        ),
+    );
+    let want_fp = hex::encode(Sha256::digest(&second.cert_der));
+    let (vwc, took) = e2e::wait_for("the renewed certificate served and injected", Duration::from_secs(60), || async {
+        let vwc = serde_json::to_value(vwcs.get(&vwc_name(&env)).await.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        let served = served_fingerprint(port, second.ca_pem.as_bytes()).await.map_err(|e| format!("handshake: {e:#}"))?;
+        // The new CA is trusted (beside the previous one for a while) before it is served.
+        let injected = decode(&vwc["webhooks"][0]["clientConfig"]["caBundle"]).contains(second.ca_pem.trim());
+        (injected && served == want_fp).then_some(vwc).ok_or_else(|| format!("injected {injected}, served {served}"))
+    })
+    .await;
+    eprintln!("cert-manager renewal picked up in {took:.1?}");
+    let annotation = &vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"];
+    ensure!(*annotation == format!("{}/stateward-webhook", env.namespace), "inject-ca-from {annotation}");
+    wait_webhook_ready(&env, &mut op).await?;
     Ok(())
 }

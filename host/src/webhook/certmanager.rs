@@ -25,7 +25,8 @@ fn go_duration(d: std::time::Duration) -> String {
 }
 
 /// The cert-manager objects for the webhook's certificate, in apply order.
-pub fn render(namespace: &str, secret: &str, dns_names: &[String], policy: &CertPolicy) -> Vec<Value> {
+pub fn render(namespace: &str, secret: &str, names: &[String], policy: &CertPolicy) -> Vec<Value> {
+    let (ips, dns): (Vec<&String>, Vec<&String>) = names.iter().partition(|n| n.parse::<std::net::IpAddr>().is_ok());
     let labels = json!({ "app.kubernetes.io/name": "stateward", "app.kubernetes.io/managed-by": "stateward" });
     let meta = |name: &str| json!({ "name": name, "namespace": namespace, "labels": labels });
     vec![
@@ -44,7 +45,8 @@ pub fn render(namespace: &str, secret: &str, dns_names: &[String], policy: &Cert
             "apiVersion": "cert-manager.io/v1", "kind": "Certificate", "metadata": meta(CERTIFICATE),
             "spec": {
                 "secretName": secret,
-                "dnsNames": dns_names,
+                "dnsNames": dns,
+                "ipAddresses": ips,
                 "duration": go_duration(policy.cert_lifetime),
                 "renewBefore": go_duration(policy.renew_before),
                 "usages": ["server auth", "digital signature", "key encipherment"],
@@ -76,14 +78,13 @@ pub async fn apply(client: &Client, objects: &[Value]) -> Result<(), WebhookErro
     Ok(())
 }
 
-/// The serving certificate and the CA bundle (base64) from a cert-manager Secret, once
-/// cert-manager has filled it.
+/// The serving certificate and its CA (PEM) from a cert-manager Secret, once cert-manager
+/// has filled it.
 pub fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Option<Result<(ServingCert, String), WebhookError>> {
-    use base64::Engine as _;
     let data = secret.data.as_ref()?;
     let text = |k: &str| data.get(k).and_then(|b| String::from_utf8(b.0.clone()).ok());
     let (cert, key, ca) = (text(TLS_CRT)?, text(TLS_KEY)?, text(CA_CRT)?);
-    Some(ServingCert::from_pem(&cert, &key).map(|s| (s, base64::engine::general_purpose::STANDARD.encode(ca))))
+    Some(ServingCert::from_pem(&cert, &key).map(|s| (s, ca)))
 }
 
 #[cfg(test)]
@@ -93,11 +94,13 @@ mod tests {
     #[test]
     fn renders_a_ca_chain_and_a_serving_certificate() {
         let policy = CertPolicy::default();
-        let objs = render("ops", "hook-tls", &["stateward-webhook.ops.svc".into()], &policy);
+        let objs = render("ops", "hook-tls", &["127.0.0.1".into(), "stateward-webhook.ops.svc".into()], &policy);
         let kinds: Vec<&str> = objs.iter().filter_map(|o| o["kind"].as_str()).collect();
         assert_eq!(kinds, ["Issuer", "Certificate", "Issuer", "Certificate"]);
         let serving = &objs[3];
         assert_eq!(serving["spec"]["secretName"], "hook-tls");
+        assert_eq!(serving["spec"]["dnsNames"], serde_json::json!(["stateward-webhook.ops.svc"]));
+        assert_eq!(serving["spec"]["ipAddresses"], serde_json::json!(["127.0.0.1"]));
         assert_eq!(serving["spec"]["renewBefore"], "2592000s");
         assert_eq!(serving["spec"]["issuerRef"]["name"], objs[2]["metadata"]["name"]);
         assert_eq!(objs[2]["spec"]["ca"]["secretName"], objs[1]["spec"]["secretName"]);

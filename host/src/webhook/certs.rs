@@ -7,7 +7,6 @@
 //! so the caBundle the API server trusts does not change during a rotation.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -21,7 +20,7 @@ use rcgen::{
 };
 use time::OffsetDateTime;
 
-use super::tls::{CertResolver, ServingCert};
+use super::tls::ServingCert;
 use super::WebhookError;
 
 /// Secret keys (the `kubernetes.io/tls` layout plus the CA's own key).
@@ -232,17 +231,16 @@ pub struct BuiltinCa {
     pub name: String,
     pub policy: CertPolicy,
     pub sans: Vec<String>,
-    pub resolver: Arc<CertResolver>,
 }
 
 impl BuiltinCa {
     /// A store for Secret `name` in `namespace`.
-    pub fn new(client: Client, namespace: &str, name: &str, policy: CertPolicy, sans: Vec<String>, resolver: Arc<CertResolver>) -> Self {
-        Self { secrets: Api::namespaced(client, namespace), name: name.to_string(), policy, sans, resolver }
+    pub fn new(client: Client, namespace: &str, name: &str, policy: CertPolicy, sans: Vec<String>) -> Self {
+        Self { secrets: Api::namespaced(client, namespace), name: name.to_string(), policy, sans }
     }
 
-    /// One pass: renew what is due (compare-and-swap on the Secret), then serve what the
-    /// Secret holds. Returns the material now served.
+    /// One pass: renew what is due (compare-and-swap on the Secret) and return what the
+    /// Secret holds now (the caller serves it).
     pub async fn sync(&self) -> Result<Material, WebhookError> {
         for _ in 0..5 {
             let current = self.secrets.get_opt(&self.name).await.map_err(WebhookError::kube("reading the webhook Secret"))?;
@@ -291,7 +289,6 @@ impl BuiltinCa {
                     }
                 }
             };
-            self.resolver.set(material.serving()?);
             return Ok(material);
         }
         Err(WebhookError::Certificate("the webhook Secret kept changing under us".into()))

@@ -187,38 +187,93 @@ pub async fn run(
 /// re-applied deploy/ over them).
 const RECONFIGURE_EVERY: Duration = Duration::from_secs(60);
 
+/// After a CA change, how long the API server gets to load the new caBundle before the
+/// certificate signed by the new CA is served.
+const TRUST_GRACE: Duration = Duration::from_secs(2);
+/// cert-manager renews on its own schedule: look at its Secret at least this often.
+const CERT_MANAGER_POLL: Duration = Duration::from_secs(5);
+
+/// The CAs the configurations trust: the current one, and after a CA change the previous one
+/// for a while, so certificates of either CA (e.g. a replica that has not switched yet) verify.
+#[derive(Debug, Default)]
+struct Trust {
+    current: Option<String>,
+    previous: Option<(String, Instant)>,
+}
+
+impl Trust {
+    /// Records the CA now in use; true when it changed from a known one.
+    fn observe(&mut self, ca_pem: &str) -> bool {
+        match &self.current {
+            Some(c) if c == ca_pem => false,
+            Some(c) => {
+                self.previous = Some((c.clone(), Instant::now()));
+                self.current = Some(ca_pem.to_string());
+                true
+            }
+            None => {
+                self.current = Some(ca_pem.to_string());
+                false
+            }
+        }
+    }
+
+    /// The caBundle (base64 PEM): the current CA plus the previous one until `keep` has passed.
+    fn bundle(&mut self, keep: Duration) -> String {
+        use base64::Engine as _;
+        if self.previous.as_ref().is_some_and(|(_, since)| since.elapsed() > keep) {
+            self.previous = None;
+        }
+        let mut pem = self.current.clone().unwrap_or_default();
+        if let Some((prev, _)) = &self.previous {
+            if !pem.ends_with('\n') {
+                pem.push('\n');
+            }
+            pem.push_str(prev);
+        }
+        base64::engine::general_purpose::STANDARD.encode(pem.as_bytes())
+    }
+}
+
+/// Fetches the serving certificate and its CA from the Secret (renewing first in built-in
+/// mode), without serving it yet.
+async fn fetch(settings: &Settings, builtin: &certs::BuiltinCa, secrets: &Api<Secret>) -> Result<(tls::ServingCert, String), WebhookError> {
+    if !settings.cert_manager {
+        let m = builtin.sync().await?;
+        return Ok((m.serving()?, m.ca_pem));
+    }
+    match secrets.get_opt(&settings.secret).await {
+        Ok(Some(secret)) => certmanager::from_secret(&secret)
+            .unwrap_or_else(|| Err(WebhookError::Certificate("cert-manager has not filled the Secret yet".into()))),
+        Ok(None) => Err(WebhookError::Certificate("waiting for cert-manager to create the Secret".into())),
+        Err(e) => Err(WebhookError::kube("reading the webhook Secret")(e)),
+    }
+}
+
 async fn keep_certificates(client: Client, resolver: Arc<CertResolver>, settings: Settings, webhook: Arc<Webhook>) {
-    let interval = settings.policy.check_interval();
+    let mut interval = settings.policy.check_interval();
+    if settings.cert_manager {
+        interval = interval.min(CERT_MANAGER_POLL);
+    }
+    // A replica lags a CA change by at most one interval; trust the old CA well past that.
+    let keep_previous = interval * 3 + RECONFIGURE_EVERY;
     let mut configured: Option<(String, Vec<String>, Instant)> = None;
-    let builtin = certs::BuiltinCa::new(client.clone(), &settings.namespace, &settings.secret, settings.policy.clone(), settings.sans(), Arc::clone(&resolver));
+    let mut trust = Trust::default();
+    let builtin = certs::BuiltinCa::new(client.clone(), &settings.namespace, &settings.secret, settings.policy.clone(), settings.sans());
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
     let mut rendered_cert_manager = false;
     loop {
-        let bundle = if settings.cert_manager {
-            if !rendered_cert_manager {
-                let objects = certmanager::render(&settings.namespace, &settings.secret, &settings.sans(), &settings.policy);
-                match certmanager::apply(&client, &objects).await {
-                    Ok(()) => rendered_cert_manager = true,
-                    Err(e) => tracing::warn!(error = %e, "cert-manager objects not applied (is cert-manager installed?)"),
-                }
+        if settings.cert_manager && !rendered_cert_manager {
+            let objects = certmanager::render(&settings.namespace, &settings.secret, &settings.sans(), &settings.policy);
+            match certmanager::apply(&client, &objects).await {
+                Ok(()) => rendered_cert_manager = true,
+                Err(e) => tracing::warn!(error = %e, "cert-manager objects not applied (is cert-manager installed?)"),
             }
-            match secrets.get_opt(&settings.secret).await {
-                Ok(Some(secret)) => match certmanager::from_secret(&secret) {
-                    Some(Ok((cert, ca))) => {
-                        resolver.set(cert);
-                        Ok(ca)
-                    }
-                    Some(Err(e)) => Err(e),
-                    None => Err(WebhookError::Certificate("cert-manager has not filled the Secret yet".into())),
-                },
-                Ok(None) => Err(WebhookError::Certificate("waiting for cert-manager to create the Secret".into())),
-                Err(e) => Err(WebhookError::kube("reading the webhook Secret")(e)),
-            }
-        } else {
-            builtin.sync().await.map(|m| m.ca_bundle())
-        };
-        match bundle {
-            Ok(bundle) => {
+        }
+        match fetch(&settings, &builtin, &secrets).await {
+            Ok((cert, ca_pem)) => {
+                let ca_changed = trust.observe(&ca_pem);
+                let bundle = trust.bundle(keep_previous);
                 let kinds = webhook.kinds();
                 let names: Vec<String> = kinds.iter().map(|k| format!("{}.{}", k.plural, k.group)).collect();
                 let stale = configured
@@ -230,6 +285,11 @@ async fn keep_certificates(client: Client, resolver: Arc<CertResolver>, settings
                         Err(e) => tracing::warn!(error = %e, "webhook configuration not updated; retrying"),
                     }
                 }
+                if ca_changed {
+                    tracing::info!("webhook CA changed: both CAs trusted, new certificate served shortly");
+                    tokio::time::sleep(TRUST_GRACE).await;
+                }
+                resolver.set(cert);
             }
             Err(e) => tracing::warn!(error = %e, label = e.label(), "webhook certificate not ready; retrying"),
         }
@@ -249,6 +309,19 @@ mod tests {
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
         assert!(parse_duration("1w").is_err());
         assert!(parse_duration("d").is_err());
+    }
+
+    #[test]
+    fn a_new_ca_is_trusted_beside_the_previous_one_for_a_while() {
+        use base64::Engine as _;
+        let decode = |b: String| String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b).unwrap_or_default()).unwrap_or_default();
+        let mut trust = Trust::default();
+        assert!(!trust.observe("A\n"));
+        assert_eq!(decode(trust.bundle(Duration::from_secs(60))), "A\n");
+        assert!(!trust.observe("A\n"));
+        assert!(trust.observe("B\n"));
+        assert_eq!(decode(trust.bundle(Duration::from_secs(60))), "B\nA\n");
+        assert_eq!(decode(trust.bundle(Duration::ZERO)), "B\n");
     }
 }
 
