@@ -179,6 +179,14 @@ async fn retention_delete_is_denied_to_dev_allowed_to_admins_and_both_audited() 
     ensure!(err.contains("single-replica"), "no admission warning for one replica: {err}");
     ensure!(pg_api(&env).get_opt("pg-delete").await?.is_some(), "allowed object not stored");
 
+    // A denial arrives well before the API server's 10 s webhook timeout.
+    let started = Instant::now();
+    let denied = pg_api(&env).create(&dry_run(), &object(&POSTGRES.manifest("timed", 3, "Delete"))).await;
+    let took = started.elapsed();
+    ensure!(matches!(&denied, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("retention-delete")), "{denied:?}");
+    ensure!(took < Duration::from_secs(1), "denial took {took:?}");
+    eprintln!("denial round trip (client -> API server -> webhook -> client): {took:.1?}");
+
     let records = audit_admissions(&op);
     let by_alice: Vec<&Value> = records
         .iter()
@@ -256,6 +264,16 @@ struct RotationRun {
     /// CA certificates (PEM) in the order the Secret held them.
     cas: Vec<String>,
     generations: (u64, u64),
+    /// Round-trip times of the admission requests (client → API server → webhook → back).
+    latencies: Vec<Duration>,
+}
+
+impl RotationRun {
+    fn percentile(&self, p: f64) -> Duration {
+        let mut l = self.latencies.clone();
+        l.sort();
+        l.get(((l.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or_default()
+    }
 }
 
 /// Runs 4 loops of server-side dry-run creates (each one an admission request through the
@@ -271,15 +289,19 @@ async fn admission_load_through_rotation(env: &TestEnv, port: u16, secs: u64) ->
     let mut cas = vec![ca(&first)];
     let requests = Arc::new(AtomicUsize::new(0));
     let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut workers = Vec::new();
     for w in 0..4 {
-        let (api, requests, failures) = (pg_api(env), Arc::clone(&requests), Arc::clone(&failures));
+        let (api, requests, failures, latencies) = (pg_api(env), Arc::clone(&requests), Arc::clone(&failures), Arc::clone(&latencies));
         workers.push(tokio::spawn(async move {
             let probe = object(&POSTGRES.manifest(&format!("load-{w}"), 3, "Retain"));
             while Instant::now() < deadline {
                 requests.fetch_add(1, Ordering::Relaxed);
-                if let Err(e) = api.create(&dry_run(), &probe).await {
+                let started = Instant::now();
+                let result = api.create(&dry_run(), &probe).await;
+                latencies.lock().unwrap_or_else(|p| p.into_inner()).push(started.elapsed());
+                if let Err(e) = result {
                     failures.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
                 }
             }
@@ -302,7 +324,8 @@ async fn admission_load_through_rotation(env: &TestEnv, port: u16, secs: u64) ->
     }
     let last = secrets.get("stateward-webhook-tls").await?;
     let failures = failures.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    Ok(RotationRun { requests: requests.load(Ordering::Relaxed), failures, served, cas, generations: (generation(&first), generation(&last)) })
+    let latencies = latencies.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    Ok(RotationRun { requests: requests.load(Ordering::Relaxed), failures, served, cas, generations: (generation(&first), generation(&last)), latencies })
 }
 
 #[tokio::test]
@@ -318,9 +341,11 @@ async fn serving_certificate_rotates_under_admission_load_without_a_failed_reque
     let n = run.requests;
     let decisions = audit_admissions(&op).iter().filter(|r| r["input"]["dryRun"] == true).count();
     eprintln!(
-        "rotation: {} distinct served certificates, generation {} -> {}, {n} admission requests, {} failed, {decisions} audited dry-run decisions",
-        run.served.len(), run.generations.0, run.generations.1, run.failures.len()
+        "rotation: {} distinct served certificates, generation {} -> {}, {n} admission requests, {} failed, {decisions} audited dry-run decisions, round trip p50 {:.1?} p99 {:.1?} max {:.1?}",
+        run.served.len(), run.generations.0, run.generations.1, run.failures.len(), run.percentile(0.5), run.percentile(0.99), run.percentile(1.0)
     );
+    // The API server gives the webhook 10 s (config::TIMEOUT_SECONDS); answers come far sooner.
+    ensure!(run.percentile(0.99) < Duration::from_secs(1), "p99 admission round trip {:.1?}", run.percentile(0.99));
     ensure!(run.failures.is_empty(), "{} of {n} requests failed, first: {}", run.failures.len(), run.failures[0]);
     ensure!(run.served.len() >= 3, "the served certificate changed only {} times", run.served.len() - 1);
     ensure!(run.cas.len() == 1, "the CA changed during serving-certificate rotation");
