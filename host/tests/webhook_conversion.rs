@@ -5,8 +5,15 @@
 //! This binary therefore holds exactly one test: cargo runs test binaries one after another,
 //! so while it points the CRDs at its own operator (`--webhook-configure all`, a loopback
 //! URL) no other test of the suite runs. When it ends, the CRDs get back the conversion
-//! stanza of deploy/crds (the webhook Service, no caBundle), whatever happened. Other tests
-//! only use v1, the storage version, for which the API server never calls the converter.
+//! stanza of deploy/crds (the webhook Service, no caBundle) and deploy/crds is re-applied
+//! (storage back on v1), whatever happened. Other tests only use v1, the storage version, for
+//! which the API server never calls the converter, so the Service reference left in place
+//! (unreachable in the test cluster) never matters to them.
+//!
+//! Shown: create as v1alpha1 → read as v1 → update as v1 → read as v1alpha1 → update as
+//! v1alpha1 → read as v1, each answer equal to the plugin's own `convert` and no field lost;
+//! objects stored at v1alpha1 (storage switched for a moment) read back as v1 and a v1 object
+//! stored as v1alpha1 keeps its v1-only field; a list at v1alpha1 converts every item.
 //!
 //! Run: `cargo test -p stateward --test webhook_conversion -- --nocapture`.
 
@@ -51,6 +58,15 @@ impl Drop for Restore {
                 eprintln!("could not restore the conversion of {}: {out:?}", kind.plural);
             }
         }
+        // Then deploy/crds as the e2e tests apply them (storage flags back to v1).
+        let crds = e2e::workspace_root().join("deploy").join("crds");
+        let out = kubectl()
+            .args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-e2e", "-f"])
+            .arg(&crds)
+            .output();
+        if !out.as_ref().is_ok_and(|o| o.status.success()) {
+            eprintln!("could not re-apply {}: {out:?}", crds.display());
+        }
         let _ = kubectl().args(["delete", "validatingwebhookconfiguration", &self.vwc, "--ignore-not-found"]).output();
     }
 }
@@ -74,6 +90,35 @@ fn registry() -> anyhow::Result<Registry> {
 fn convert(registry: &Registry, object: &Value, to: &str) -> anyhow::Result<Value> {
     let plugin = registry.get("stateward.dev", POSTGRES.kind).context("postgres plugin")?;
     Ok(plugin.convert(&object.to_string(), &format!("stateward.dev/{to}"))?)
+}
+
+/// Makes `version` the storage version of the PostgresCluster CRD and waits until the API
+/// server records it in status.storedVersions (the handler serves with it from then on).
+async fn set_storage(env: &TestEnv, version: &str) -> anyhow::Result<()> {
+    let crds: Api<DynamicObject> = Api::all_with(
+        env.client.clone(),
+        &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"), "customresourcedefinitions"),
+    );
+    let name = "postgresclusters.stateward.dev";
+    let crd = serde_json::to_value(crds.get(name).await?)?;
+    let mut versions = crd["spec"]["versions"].as_array().cloned().context("versions")?;
+    for v in &mut versions {
+        v["storage"] = json!(v["name"] == version);
+    }
+    crds.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"versions": versions}}))).await?;
+    let started = Instant::now();
+    loop {
+        let crd = serde_json::to_value(crds.get(name).await?)?;
+        if crd["status"]["storedVersions"].as_array().is_some_and(|s| s.iter().any(|v| v == version)) {
+            // The handler swaps storage asynchronously after the CRD update.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("storage version {version} never recorded");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test]
@@ -171,10 +216,28 @@ async fn v1alpha1_and_v1_round_trip_through_the_conversion_webhook() -> anyhow::
     want["replicas"] = json!(5);
     ensure!(back["spec"] == want, "fields changed: {} vs {}", back["spec"], want);
 
-    // 4. The objects in a list at v1alpha1 are converted too (a multi-object review).
+    // 4. Objects stored at v1alpha1 (an older storage version) read back as v1, and the
+    //    reverse: storage switched to v1alpha1 for a moment, then back to v1.
+    set_storage(&env, "v1alpha1").await?;
+    let mut stored_alpha = legacy.clone();
+    stored_alpha["metadata"]["name"] = json!("stored-alpha");
+    alpha.create(&PostParams::default(), &serde_json::from_value(stored_alpha.clone())?).await.context("create while v1alpha1 is stored")?;
+    let mut protected = POSTGRES.manifest("stored-from-v1", 3, "Retain");
+    protected["spec"]["deletionProtection"] = json!(true);
+    v1.create(&PostParams::default(), &serde_json::from_value(protected.clone())?).await.context("create as v1 while v1alpha1 is stored")?;
+    set_storage(&env, "v1").await?;
+    let read = get(&env, "v1", "stored-alpha").await?;
+    let expected = convert(&registry, &get(&env, "v1alpha1", "stored-alpha").await?, "v1")?;
+    ensure!(read["spec"] == expected["spec"] && read["spec"]["storage"]["size"] == "1Gi", "stored v1alpha1 read as v1: {}", read["spec"]);
+    let read = get(&env, "v1", "stored-from-v1").await?;
+    ensure!(read["spec"] == protected["spec"], "v1 stored as v1alpha1 lost fields: {} vs {}", read["spec"], protected["spec"]);
+    v1.delete("stored-alpha", &Default::default()).await?;
+    // (stored-from-v1 has deletionProtection; the namespace teardown removes it.)
+
+    // 5. The objects in a list at v1alpha1 are converted too (a multi-object review).
     v1.create(&PostParams::default(), &serde_json::from_value(POSTGRES.manifest("modern", 3, "Retain"))?).await?;
     let listed = alpha.list(&Default::default()).await?;
-    ensure!(listed.items.len() == 2, "listed {} objects", listed.items.len());
+    ensure!(listed.items.len() >= 3, "listed {} objects", listed.items.len());
     for item in listed.items {
         let item = serde_json::to_value(item)?;
         ensure!(item["apiVersion"] == "stateward.dev/v1alpha1" && item["spec"]["storageSize"].is_string(), "not converted: {item}");
