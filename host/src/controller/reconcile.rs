@@ -66,7 +66,7 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
             .run_blocking(move || in_call.in_scope(|| guest.reconcile(&resource_text, &child_text, now_ms, &ns)))
             .await?;
         let elapsed = started.elapsed();
-        span.record("elapsed_ms", elapsed.as_secs_f64() * 1e3);
+        span.record("elapsed_ms", millis(elapsed));
         ctx.metrics.plugin_call(plugin.name(), "reconcile", elapsed.as_secs_f64());
         answer
     };
@@ -196,7 +196,7 @@ async fn finalize(
         let started = Instant::now();
         let in_call = span.clone();
         let answer = ctx.sandbox.run_blocking(move || in_call.in_scope(|| plugin.finalize(&text, &child_text, now_ms, &ns))).await?;
-        span.record("elapsed_ms", started.elapsed().as_secs_f64() * 1e3);
+        span.record("elapsed_ms", millis(started.elapsed()));
         answer.map_err(Error::Plugin)?
     };
     gate(obj, ctx, plugin, resource, &cleanup.actions).await?;
@@ -212,6 +212,11 @@ async fn finalize(
     }
     remove_finalizer(obj, ctx).await?;
     Ok(Requeue::await_change())
+}
+
+/// Milliseconds with microsecond resolution, for span attributes people read.
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 /// The `plugin.call` span: plugin, version, export, and the call's wall time once it returns.
