@@ -8,12 +8,14 @@
 //! - [`certs`]: the built-in CA and serving certificate in a Secret, renewed under a threshold.
 //! - [`certmanager`]: `--cert-manager` mode (cert-manager issues, the operator serves).
 //! - [`config`]: the ValidatingWebhookConfiguration and CRD conversion stanza, with caBundle.
+//! - [`service_certs`]: certificates for managed clusters from the same CA (item 4 pieces).
 
 pub mod admission;
 pub mod certmanager;
 pub mod certs;
 pub mod config;
 pub mod conversion;
+pub mod service_certs;
 pub mod tls;
 
 use std::future::Future;
@@ -297,6 +299,27 @@ async fn keep_certificates(client: Client, resolver: Arc<CertResolver>, settings
     }
 }
 
+/// Points the ValidatingWebhookConfiguration and the CRDs at this webhook with `bundle`.
+async fn configure(client: &Client, settings: &Settings, kinds: &[KindInfo], bundle: &str) -> Result<(), WebhookError> {
+    let inject_from = settings.cert_manager.then(|| certmanager::inject_ca_from(&settings.namespace));
+    if matches!(settings.configure, Configure::All | Configure::Validating) {
+        let scope = config::Scope { name: &settings.configuration, namespace: settings.watch_namespace.as_deref() };
+        let refs: Vec<&KindInfo> = kinds.iter().collect();
+        let mut vwc = config::validating_configuration(&scope, &settings.endpoint, &refs, Some(bundle));
+        if let Some(from) = &inject_from {
+            vwc["metadata"]["annotations"] = serde_json::json!({ config::INJECT_CA_FROM: from });
+        }
+        config::apply_validating(client, &vwc).await?;
+    }
+    if matches!(settings.configure, Configure::All | Configure::Conversion) {
+        for kind in kinds.iter().filter(|k| k.versions.len() > 1) {
+            config::patch_crd_conversion(client, kind, &settings.endpoint, Some(bundle), inject_from.as_deref()).await?;
+        }
+    }
+    tracing::info!(configuration = %settings.configuration, "webhook configuration points at this webhook");
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,25 +346,4 @@ mod tests {
         assert_eq!(decode(trust.bundle(Duration::from_secs(60))), "B\nA\n");
         assert_eq!(decode(trust.bundle(Duration::ZERO)), "B\n");
     }
-}
-
-/// Points the ValidatingWebhookConfiguration and the CRDs at this webhook with `bundle`.
-async fn configure(client: &Client, settings: &Settings, kinds: &[KindInfo], bundle: &str) -> Result<(), WebhookError> {
-    let inject_from = settings.cert_manager.then(|| certmanager::inject_ca_from(&settings.namespace));
-    if matches!(settings.configure, Configure::All | Configure::Validating) {
-        let scope = config::Scope { name: &settings.configuration, namespace: settings.watch_namespace.as_deref() };
-        let refs: Vec<&KindInfo> = kinds.iter().collect();
-        let mut vwc = config::validating_configuration(&scope, &settings.endpoint, &refs, Some(bundle));
-        if let Some(from) = &inject_from {
-            vwc["metadata"]["annotations"] = serde_json::json!({ config::INJECT_CA_FROM: from });
-        }
-        config::apply_validating(client, &vwc).await?;
-    }
-    if matches!(settings.configure, Configure::All | Configure::Conversion) {
-        for kind in kinds.iter().filter(|k| k.versions.len() > 1) {
-            config::patch_crd_conversion(client, kind, &settings.endpoint, Some(bundle), inject_from.as_deref()).await?;
-        }
-    }
-    tracing::info!(configuration = %settings.configuration, "webhook configuration points at this webhook");
-    Ok(())
 }

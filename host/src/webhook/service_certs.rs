@@ -1,0 +1,198 @@
+//! Service certificates for managed clusters (issue 7, item 4), service-agnostic and within the
+//! WIT contract as it is: a plugin asks for a certificate with an ordinary `ensure-secret`
+//! whose labels carry [`CERTIFICATE_LABEL`] (keys `tls.crt`, `tls.key`, `ca.crt` as for any
+//! `kubernetes.io/tls` Secret). The host then issues from its CA instead of filling random
+//! bytes, naming every Service of the same instance in the same plan (plus pod DNS names under
+//! headless Services), renews it under the threshold, and stamps the hash of every certificate
+//! a pod template mounts into [`POD_ANNOTATION`], so the StatefulSet controller rolls the pods
+//! one at a time when a certificate changes. No service name appears here: Services, Secrets
+//! and pod templates are plain Kubernetes.
+//!
+//! These are the pieces; the controller's apply path calls them (see the module's report for
+//! the integration point).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::certs::{self, CertPolicy, Material};
+use super::WebhookError;
+
+/// Label of an `ensure-secret` request that asks for a server certificate (value `server`).
+pub const CERTIFICATE_LABEL: &str = "stateward.dev/certificate";
+/// Pod-template annotation: SHA-256 over the certificates the pods mount.
+pub const POD_ANNOTATION: &str = "stateward.dev/certificates-sha256";
+/// The instance label every child carries.
+const INSTANCE_LABEL: &str = "stateward.dev/instance";
+
+/// Whether a secret request's labels ask for a certificate.
+pub fn is_certificate_request(labels: &[(String, String)]) -> bool {
+    labels.iter().any(|(k, v)| k == CERTIFICATE_LABEL && v == "server")
+}
+
+/// DNS names for the Services of `instance` among `objects` (a plan's applied objects): each
+/// Service's short, namespaced and cluster-local names, and for a headless Service the
+/// wildcard its pods' names fall under.
+pub fn service_sans(objects: &[Value], instance: &str, namespace: &str) -> Vec<String> {
+    let mut names = BTreeSet::new();
+    for o in objects {
+        if o["kind"] != "Service" || o.pointer(&format!("/metadata/labels/{}", INSTANCE_LABEL.replace('/', "~1"))) != Some(&json!(instance)) {
+            continue;
+        }
+        let Some(name) = o.pointer("/metadata/name").and_then(Value::as_str) else { continue };
+        names.extend(certs::service_sans(name, namespace));
+        if o.pointer("/spec/clusterIP").and_then(Value::as_str) == Some("None") {
+            names.insert(format!("*.{name}.{namespace}.svc"));
+            names.insert(format!("*.{name}.{namespace}.svc.cluster.local"));
+        }
+    }
+    names.into_iter().collect()
+}
+
+/// String data (`tls.crt`, `tls.key`, `ca.crt`) and annotations of a certificate Secret.
+pub type Issued = (BTreeMap<String, String>, BTreeMap<String, String>);
+
+/// Issues a certificate for `sans` from `ca` (only its CA half is used) as Secret string data
+/// and annotations.
+pub fn issue(ca: &Material, sans: &[String], policy: &CertPolicy) -> Result<Issued, WebhookError> {
+    let mut m = ca.clone();
+    certs::renew_serving(&mut m, policy, sans)?;
+    let data = BTreeMap::from([
+        (certs::TLS_CRT.to_string(), m.cert_pem.clone()),
+        (certs::TLS_KEY.to_string(), m.key_pem.clone()),
+        (certs::CA_CRT.to_string(), m.ca_pem.clone()),
+    ]);
+    let annotations = BTreeMap::from([
+        (certs::CERT_NOT_AFTER.to_string(), m.cert_not_after.to_string()),
+        (certs::CERT_SANS.to_string(), sans.join(",")),
+    ]);
+    Ok((data, annotations))
+}
+
+/// Whether a certificate Secret (its annotations as issued) needs a new certificate: missing,
+/// under the threshold, or for other names.
+pub fn renewal_due(annotations: Option<&BTreeMap<String, String>>, sans: &[String], policy: &CertPolicy, now_unix: i64) -> bool {
+    let Some(a) = annotations else { return true };
+    let not_after = a.get(certs::CERT_NOT_AFTER).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+    let threshold = i64::try_from(policy.renew_before.as_secs()).unwrap_or(i64::MAX);
+    let names: Vec<&str> = a.get(certs::CERT_SANS).map(|s| s.split(',').collect()).unwrap_or_default();
+    not_after - now_unix < threshold || names != sans.iter().map(String::as_str).collect::<Vec<_>>()
+}
+
+/// Names of the Secrets a pod template mounts (secret volumes and projected sources).
+pub fn mounted_secrets(pod_template: &Value) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for v in pod_template.pointer("/spec/volumes").and_then(Value::as_array).into_iter().flatten() {
+        if let Some(n) = v.pointer("/secret/secretName").and_then(Value::as_str) {
+            out.insert(n.to_string());
+        }
+        for s in v.pointer("/projected/sources").and_then(Value::as_array).into_iter().flatten() {
+            if let Some(n) = s.pointer("/secret/name").and_then(Value::as_str) {
+                out.insert(n.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Stamps [`POD_ANNOTATION`] on a StatefulSet's pod template from the `tls.crt` of every
+/// certificate Secret it mounts (`certificates`: Secret name → PEM). Returns whether the
+/// template mounts any; the value depends only on the certificates, so an unchanged
+/// certificate never rolls a pod and a renewed one rolls them (one at a time, the
+/// StatefulSet's RollingUpdate).
+pub fn stamp_pod_template(statefulset: &mut Value, certificates: &BTreeMap<String, String>) -> bool {
+    let Some(template) = statefulset.pointer_mut("/spec/template") else { return false };
+    let mounted: Vec<(&String, &String)> = mounted_secrets(template)
+        .into_iter()
+        .filter_map(|n| certificates.get_key_value(&n))
+        .collect();
+    if mounted.is_empty() {
+        return false;
+    }
+    let mut h = Sha256::new();
+    for (name, pem) in mounted {
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update(Sha256::digest(pem.as_bytes()));
+    }
+    let digest = hex::encode(h.finalize());
+    if !template["metadata"].is_object() {
+        template["metadata"] = json!({});
+    }
+    if !template["metadata"]["annotations"].is_object() {
+        template["metadata"]["annotations"] = json!({});
+    }
+    template["metadata"]["annotations"][POD_ANNOTATION] = json!(digest);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn service(name: &str, instance: &str, headless: bool) -> Value {
+        let mut s = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": {INSTANCE_LABEL: instance}}, "spec": {}});
+        if headless {
+            s["spec"]["clusterIP"] = json!("None");
+        }
+        s
+    }
+
+    #[test]
+    fn names_come_from_the_instance_services_only() {
+        let objects = vec![service("db", "db", false), service("db-headless", "db", true), service("other", "other", false), json!({"kind": "ConfigMap"})];
+        let sans = service_sans(&objects, "db", "ns");
+        assert!(sans.contains(&"db.ns.svc".to_string()));
+        assert!(sans.contains(&"*.db-headless.ns.svc.cluster.local".to_string()));
+        assert!(!sans.iter().any(|n| n.starts_with("other")), "{sans:?}");
+        assert!(!sans.iter().any(|n| n.starts_with("*.db.")), "a non-headless Service got a wildcard: {sans:?}");
+    }
+
+    #[test]
+    fn issued_certificate_verifies_for_a_pod_name_under_the_headless_service() {
+        use rustls::client::danger::ServerCertVerifier as _;
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+        let policy = CertPolicy { cert_lifetime: Duration::from_secs(3600), renew_before: Duration::from_secs(600), ca_lifetime: Duration::from_secs(86400) };
+        let ca = certs::issue_all(&policy, &["unused".to_string()]).expect("ca");
+        let sans = service_sans(&[service("db-headless", "db", true)], "db", "ns");
+        let (data, annotations) = issue(&ca, &sans, &policy).expect("issue");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(data["ca.crt"].as_bytes()).expect("ca pem")).expect("root");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build().expect("verifier");
+        let leaf = CertificateDer::from_pem_slice(data["tls.crt"].as_bytes()).expect("leaf");
+        let pod = ServerName::try_from("db-0.db-headless.ns.svc.cluster.local").expect("name");
+        verifier.verify_server_cert(&leaf, &[], &pod, &[], UnixTime::now()).expect("pod name verifies");
+        let stranger = ServerName::try_from("db-0.other.ns.svc.cluster.local").expect("name");
+        assert!(verifier.verify_server_cert(&leaf, &[], &stranger, &[], UnixTime::now()).is_err());
+
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        assert!(!renewal_due(Some(&annotations), &sans, &policy, now));
+        assert!(renewal_due(Some(&annotations), &sans, &policy, now + 3100), "under the threshold");
+        assert!(renewal_due(Some(&annotations), &["x".to_string()], &policy, now), "names changed");
+        assert!(renewal_due(None, &sans, &policy, now));
+    }
+
+    #[test]
+    fn pod_template_hash_follows_mounted_certificates_only() {
+        let sts = |volumes: Value| json!({"kind": "StatefulSet", "spec": {"template": {"spec": {"volumes": volumes}}}});
+        let mut mounted = sts(json!([{"name": "tls", "secret": {"secretName": "db-tls"}}, {"name": "p", "projected": {"sources": [{"secret": {"name": "db-extra"}}]}}]));
+        let certs_a = BTreeMap::from([("db-tls".to_string(), "A".to_string())]);
+        let certs_b = BTreeMap::from([("db-tls".to_string(), "B".to_string())]);
+        assert!(stamp_pod_template(&mut mounted, &certs_a));
+        let a = mounted["spec"]["template"]["metadata"]["annotations"][POD_ANNOTATION].clone();
+        assert!(stamp_pod_template(&mut mounted, &certs_a));
+        assert_eq!(mounted["spec"]["template"]["metadata"]["annotations"][POD_ANNOTATION], a, "same certificate, same hash");
+        assert!(stamp_pod_template(&mut mounted, &certs_b));
+        assert_ne!(mounted["spec"]["template"]["metadata"]["annotations"][POD_ANNOTATION], a, "a renewed certificate must roll");
+        let mut unrelated = sts(json!([{"name": "cfg", "configMap": {"name": "db-config"}}]));
+        assert!(!stamp_pod_template(&mut unrelated, &certs_a));
+        assert!(unrelated["spec"]["template"].get("metadata").is_none());
+        assert!(is_certificate_request(&[(CERTIFICATE_LABEL.to_string(), "server".to_string())]));
+        assert!(!is_certificate_request(&[]));
+    }
+}
