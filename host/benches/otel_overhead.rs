@@ -72,17 +72,35 @@ struct Path<'a> {
 impl Path<'_> {
     /// One reconcile's in-process work inside the operator's span tree.
     fn reconcile(&self) {
-        let root = tracing::info_span!("reconcile", kind = "PostgresCluster", namespace = "default", name = "bench",
-            generation = 2i64, result = tracing::field::Empty);
+        let root = tracing::info_span!(
+            "reconcile",
+            kind = "PostgresCluster",
+            namespace = "default",
+            name = "bench",
+            generation = 2i64,
+            result = tracing::field::Empty
+        );
         let _r = root.enter();
         let children = tracing::info_span!("observe").in_scope(|| self.children.clone());
-        let call = tracing::info_span!("plugin.call", plugin = self.plugin.name(), version = self.plugin.version(),
-            export = "reconcile", elapsed_ms = tracing::field::Empty);
+        let call = tracing::info_span!(
+            "plugin.call",
+            plugin = self.plugin.name(),
+            version = self.plugin.version(),
+            export = "reconcile",
+            elapsed_ms = tracing::field::Empty
+        );
         let started = Instant::now();
-        let plan = call.in_scope(|| self.plugin.reconcile(RESOURCE, &children, 0, "default")).expect("plan");
+        let plan = call
+            .in_scope(|| self.plugin.reconcile(RESOURCE, &children, 0, "default"))
+            .expect("plan");
         call.record("elapsed_ms", started.elapsed().as_secs_f64() * 1e3);
-        let eval = tracing::info_span!("policy.eval", path = "data.stateward.guardrails", result = tracing::field::Empty);
-        let verdict = eval.in_scope(|| stateward::plan_gate::check(self.gate, self.plugin, &self.resource, &plan.actions));
+        let eval = tracing::info_span!(
+            "policy.eval",
+            path = "data.stateward.guardrails",
+            result = tracing::field::Empty
+        );
+        let verdict =
+            eval.in_scope(|| stateward::plan_gate::check(self.gate, self.plugin, &self.resource, &plan.actions));
         assert!(verdict.allowed(), "the shipped guardrails allow the postgres plan");
         eval.record("result", "allow");
         for action in &plan.actions {
@@ -99,7 +117,10 @@ fn json_logs<S>() -> impl tracing_subscriber::Layer<S>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
-    tracing_subscriber::fmt::layer().fmt_fields(JsonFields::new()).event_format(FlatJson).with_writer(std::io::sink)
+    tracing_subscriber::fmt::layer()
+        .fmt_fields(JsonFields::new())
+        .event_format(FlatJson)
+        .with_writer(std::io::sink)
 }
 
 struct Config {
@@ -116,11 +137,19 @@ fn config(name: &str, export: Option<Option<ExportSettings>>) -> Config {
         None => (Dispatch::new(tracing_subscriber::registry().with(json_logs())), None),
         Some(settings) => {
             let provider = otel::provider(settings.as_ref(), &stats).expect("provider");
-            let subscriber = tracing_subscriber::registry().with(otel::layer(&provider)).with(json_logs());
+            let subscriber = tracing_subscriber::registry()
+                .with(otel::layer(&provider))
+                .with(json_logs());
             (Dispatch::new(subscriber), Some(provider))
         }
     };
-    Config { name: name.to_owned(), dispatch, provider, stats, samples: Vec::new() }
+    Config {
+        name: name.to_owned(),
+        dispatch,
+        provider,
+        stats,
+        samples: Vec::new(),
+    }
 }
 
 fn jaeger_binary() -> Option<PathBuf> {
@@ -138,7 +167,11 @@ fn jaeger_binary() -> Option<PathBuf> {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A Jaeger with in-memory storage and an OTLP/HTTP receiver on a loopback port.
@@ -194,17 +227,28 @@ fn main() {
     let audit_path = std::env::temp_dir().join(format!("otel-bench-audit-{}.jsonl", std::process::id()));
     let audit = AuditLog::open(&AuditSink::File(audit_path.clone()), FsyncPolicy::OsBuffered).unwrap();
     let gate = Gate::new(engine, Arc::new(audit));
-    let path = Path { plugin: &plugin, gate: &gate, resource: serde_json::from_str(RESOURCE).unwrap(), children: observed_children(&plugin) };
+    let path = Path {
+        plugin: &plugin,
+        gate: &gate,
+        resource: serde_json::from_str(RESOURCE).unwrap(),
+        children: observed_children(&plugin),
+    };
 
     let closed = free_port();
     let mut configs = vec![
         config("no OpenTelemetry layer", None),
         config("export off (no OTEL_* variables)", Some(None)),
-        config("export → closed loopback port", Some(Some(ExportSettings::to_base(&format!("http://127.0.0.1:{closed}"))))),
+        config(
+            "export → closed loopback port",
+            Some(Some(ExportSettings::to_base(&format!("http://127.0.0.1:{closed}")))),
+        ),
     ];
     let jaeger = jaeger_binary().map(|bin| start_jaeger(&bin));
     if let Some((_, endpoint)) = &jaeger {
-        configs.push(config("export → live Jaeger", Some(Some(ExportSettings::to_base(endpoint)))));
+        configs.push(config(
+            "export → live Jaeger",
+            Some(Some(ExportSettings::to_base(endpoint))),
+        ));
     }
 
     for c in &configs {
@@ -256,7 +300,10 @@ fn main() {
             c.stats.dropped("export_failed"),
         );
     }
-    let closed = (pct(&configs[2].samples, 0.5).as_secs_f64() / base_p50, mean(&configs[2].samples).as_secs_f64() / base);
+    let closed = (
+        pct(&configs[2].samples, 0.5).as_secs_f64() / base_p50,
+        mean(&configs[2].samples).as_secs_f64() / base,
+    );
     let met = closed.0 <= 1.10 && closed.1 <= 1.10;
     println!(
         "target: closed port ≤ 1.10 × export off (p50 {:.3}, mean {:.3}): {}",

@@ -66,15 +66,28 @@ impl Jaeger {
             .stderr(log)
             .spawn()
             .expect("start jaeger");
-        let jaeger = Jaeger { child, otlp: format!("http://127.0.0.1:{otlp}"), query_port: query, _dir: dir };
+        let jaeger = Jaeger {
+            child,
+            otlp: format!("http://127.0.0.1:{otlp}"),
+            query_port: query,
+            _dir: dir,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         while jaeger.query("/api/services").is_err() {
-            assert!(Instant::now() < deadline, "jaeger did not answer within 30 s: {}", jaeger.log());
+            assert!(
+                Instant::now() < deadline,
+                "jaeger did not answer within 30 s: {}",
+                jaeger.log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         // The receiver starts with the pipeline, after the query extension.
         while std::net::TcpStream::connect(("127.0.0.1", otlp)).is_err() {
-            assert!(Instant::now() < deadline, "jaeger's OTLP port did not open: {}", jaeger.log());
+            assert!(
+                Instant::now() < deadline,
+                "jaeger's OTLP port did not open: {}",
+                jaeger.log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         jaeger
@@ -167,7 +180,10 @@ fn poll<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) 
         if let Some(v) = check() {
             return (v, started.elapsed());
         }
-        assert!(started.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -212,17 +228,26 @@ fn spans(trace: &Value) -> Vec<Span> {
                 .map(str::to_owned),
             operation: s["operationName"].as_str().unwrap_or_default().to_owned(),
             tags: fields(&s["tags"]),
-            logs: s["logs"].as_array().into_iter().flatten().map(|l| fields(&l["fields"])).collect(),
+            logs: s["logs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|l| fields(&l["fields"]))
+                .collect(),
         })
         .collect()
 }
 
 fn tag<'a>(span: &'a Span, key: &str) -> &'a Value {
-    span.tags.get(key).unwrap_or_else(|| panic!("span {} has no tag {key}: {:?}", span.operation, span.tags))
+    span.tags
+        .get(key)
+        .unwrap_or_else(|| panic!("span {} has no tag {key}: {:?}", span.operation, span.tags))
 }
 
 fn tag_str<'a>(span: &'a Span, key: &str) -> &'a str {
-    tag(span, key).as_str().unwrap_or_else(|| panic!("{}.{key} is not a string", span.operation))
+    tag(span, key)
+        .as_str()
+        .unwrap_or_else(|| panic!("{}.{key} is not a string", span.operation))
 }
 
 /// The operator on the local cluster exports the reconcile of one CR; Jaeger shows its tree.
@@ -268,7 +293,10 @@ async fn operator_reconcile_trace_reaches_jaeger_with_its_tree() {
     });
     eprintln!("tracing: reconcile trace in jaeger {took:.1?} after the CR was created");
     let spans = spans(&trace);
-    let root = spans.iter().find(|s| s.operation == "reconcile").expect("reconcile span");
+    let root = spans
+        .iter()
+        .find(|s| s.operation == "reconcile")
+        .expect("reconcile span");
     assert_eq!(root.parent, None, "reconcile is the trace's root");
     assert_eq!(tag_str(root, "kind"), "PostgresCluster");
     assert_eq!(tag_str(root, "namespace"), env.namespace);
@@ -276,15 +304,18 @@ async fn operator_reconcile_trace_reaches_jaeger_with_its_tree() {
     assert_eq!(tag(root, "generation").as_i64(), Some(1), "{:?}", root.tags);
     assert_eq!(tag_str(root, "result"), "success");
 
-    let child = |op: &str| -> Vec<&Span> {
-        spans.iter().filter(|s| s.operation == op).collect()
-    };
+    let child = |op: &str| -> Vec<&Span> { spans.iter().filter(|s| s.operation == op).collect() };
     let observe = child("observe");
     let plugin = child("plugin.call");
     let policy = child("policy.eval");
     let applies = child("apply");
     for s in observe.iter().chain(&plugin).chain(&policy).chain(&applies) {
-        assert_eq!(s.parent.as_deref(), Some(root.id.as_str()), "{} is a child of reconcile", s.operation);
+        assert_eq!(
+            s.parent.as_deref(),
+            Some(root.id.as_str()),
+            "{} is a child of reconcile",
+            s.operation
+        );
     }
     assert_eq!((observe.len(), plugin.len(), policy.len()), (1, 1, 1), "{spans:#?}");
 
@@ -299,15 +330,30 @@ async fn operator_reconcile_trace_reaches_jaeger_with_its_tree() {
     assert_eq!(tag_str(policy, "path"), "data.stateward.guardrails");
     assert_eq!(tag_str(policy, "result"), "allow");
     let decision_ids: Vec<&str> = tag_str(policy, "decision_id").split(',').collect();
-    assert_eq!(decision_ids.len() as i64, tag(policy, "decisions").as_i64().expect("decisions"));
+    assert_eq!(
+        decision_ids.len() as i64,
+        tag(policy, "decisions").as_i64().expect("decisions")
+    );
 
     // One apply span per planned action, each naming its object; the StatefulSet among them.
     assert_eq!(applies.len(), decision_ids.len(), "one apply per gated action");
-    let sts = applies.iter().find(|s| tag_str(s, "kind") == "StatefulSet").expect("StatefulSet apply");
+    let sts = applies
+        .iter()
+        .find(|s| tag_str(s, "kind") == "StatefulSet")
+        .expect("StatefulSet apply");
     assert_eq!(tag_str(sts, "name"), name);
     assert_eq!(tag_str(sts, "verb"), "apply");
     // Order in time: observe < plugin.call < policy.eval < first apply.
-    let start = |s: &Span| trace["spans"].as_array().unwrap().iter().find(|x| x["spanID"] == s.id.as_str()).unwrap()["startTime"].as_i64().unwrap();
+    let start = |s: &Span| {
+        trace["spans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["spanID"] == s.id.as_str())
+            .unwrap()["startTime"]
+            .as_i64()
+            .unwrap()
+    };
     let first_apply = applies.iter().map(|s| start(s)).min().unwrap();
     assert!(start(observe[0]) <= start(plugin) && start(plugin) <= start(policy) && start(policy) <= first_apply);
 
@@ -316,24 +362,100 @@ async fn operator_reconcile_trace_reaches_jaeger_with_its_tree() {
     let audit = std::fs::read_to_string(&operator.audit).expect("audit log");
     let records: Vec<Value> = audit.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     for id in &decision_ids {
-        let rec = records.iter().find(|r| r["decision_id"] == *id).unwrap_or_else(|| panic!("decision {id} audited"));
-        assert_eq!(rec["trace_id"].as_str(), Some(trace_id), "audit record carries the trace id: {rec}");
-        assert_eq!(rec["span_id"].as_str(), Some(policy.id.as_str()), "and the policy.eval span id");
+        let rec = records
+            .iter()
+            .find(|r| r["decision_id"] == *id)
+            .unwrap_or_else(|| panic!("decision {id} audited"));
+        assert_eq!(
+            rec["trace_id"].as_str(),
+            Some(trace_id),
+            "audit record carries the trace id: {rec}"
+        );
+        assert_eq!(
+            rec["span_id"].as_str(),
+            Some(policy.id.as_str()),
+            "and the policy.eval span id"
+        );
     }
     let log = std::fs::read_to_string(&operator.log).expect("operator log");
     let lines: Vec<Value> = log.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    let in_reconciles: Vec<&Value> =
-        lines.iter().filter(|l| l["spans"].as_array().is_some_and(|s| s.first().is_some_and(|f| f == "reconcile"))).collect();
+    let in_reconciles: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            l["spans"]
+                .as_array()
+                .is_some_and(|s| s.first().is_some_and(|f| f == "reconcile"))
+        })
+        .collect();
     assert!(
-        in_reconciles.iter().all(|l| l["trace_id"].as_str().is_some_and(|t| t.len() == 32)),
+        in_reconciles
+            .iter()
+            .all(|l| l["trace_id"].as_str().is_some_and(|t| t.len() == 32)),
         "every log line inside a reconcile has a trace_id: {in_reconciles:#?}"
     );
 
     // /metrics counts what was exported, and the reconcile families have real counts.
     let (_, metrics) = operator.get("/metrics").expect("scrape /metrics");
-    assert!(sum_metric(&metrics, "stateward_otel_spans_exported_total", &[]) >= spans.len() as f64, "{metrics}");
+    assert!(
+        sum_metric(&metrics, "stateward_otel_spans_exported_total", &[]) >= spans.len() as f64,
+        "{metrics}"
+    );
     assert!(sum_metric(&metrics, "stateward_reconcile_total", &["result=\"success\""]) >= 1.0);
     assert!(metrics.contains("process_resident_memory_bytes "), "process metrics present");
+    assert!(sum_metric(&metrics, "stateward_reconcile_duration_seconds_count", &["result=\"success\""]) >= 1.0);
+    // Prometheus' own linter on the live exposition, counts and all.
+    let out = promtool_check(&to_classic(&metrics));
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{metrics}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `promtool check metrics` (tests/tools/build-promtool; built on first use when missing).
+fn promtool_check(exposition: &str) -> std::process::Output {
+    use std::io::Write as _;
+    let bin = match std::env::var_os("STATEWARD_PROMTOOL") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let out = Command::new(workspace_root().join("tests/tools/build-promtool"))
+                .stderr(Stdio::inherit())
+                .output()
+                .expect("run tests/tools/build-promtool");
+            assert!(out.status.success(), "tests/tools/build-promtool failed");
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    };
+    let mut child = Command::new(bin)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child.stdin.take().expect("stdin").write_all(exposition.as_bytes()).expect("feed promtool");
+    child.wait_with_output().expect("promtool output")
+}
+
+/// OpenMetrics to the classic text format `promtool check metrics` reads: counter families are
+/// named with their `_total`, and `# UNIT` / `# EOF` go.
+fn to_classic(openmetrics: &str) -> String {
+    let counters: Vec<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::new();
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|tag| {
+            let (name, tail) = line.strip_prefix(tag)?.split_once(' ')?;
+            counters.contains(&name).then(|| format!("{tag}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
 }
 
 fn plugin_resource(spec: Value) -> String {
@@ -356,12 +478,15 @@ fn plugin_logs_are_span_events_and_webhooks_are_their_own_traces() {
     let sandbox = support::sandbox();
     let plugin = support::load(&sandbox, "stateward-postgres");
     // A spec the plugin itself rejects (replicas as text), so it logs a warning.
-    let resource = plugin_resource(serde_json::json!({"version": "17.2", "replicas": "three", "storage": {"size": "1Gi"}}));
+    let resource =
+        plugin_resource(serde_json::json!({"version": "17.2", "replicas": "three", "storage": {"size": "1Gi"}}));
     tracing::subscriber::with_default(subscriber, || {
         let root = tracing::info_span!("reconcile", kind = "PostgresCluster", name = "logs");
         let _r = root.enter();
         let call = tracing::info_span!("plugin.call", plugin = plugin.name(), export = "reconcile");
-        let plan = call.in_scope(|| plugin.reconcile(&resource, &[], 1_767_225_600_000, "default")).expect("plan");
+        let plan = call
+            .in_scope(|| plugin.reconcile(&resource, &[], 1_767_225_600_000, "default"))
+            .expect("plan");
         assert!(plan.actions.is_empty(), "an invalid spec plans nothing");
         drop(_r);
         let hook = otel::webhook_span("validate", "PostgresCluster", "default", "logs");
@@ -371,20 +496,37 @@ fn plugin_logs_are_span_events_and_webhooks_are_their_own_traces() {
     provider.force_flush().expect("flush");
 
     let (trace, _) = poll("the plugin's trace", Duration::from_secs(30), || {
-        jaeger.traces(otel::DEFAULT_SERVICE_NAME, "reconcile", &[("name", "logs")]).into_iter().next()
+        jaeger
+            .traces(otel::DEFAULT_SERVICE_NAME, "reconcile", &[("name", "logs")])
+            .into_iter()
+            .next()
     });
     let traced = spans(&trace);
-    let call = traced.iter().find(|s| s.operation == "plugin.call").expect("plugin.call span");
+    let call = traced
+        .iter()
+        .find(|s| s.operation == "plugin.call")
+        .expect("plugin.call span");
     let event = call
         .logs
         .iter()
-        .find(|l| l.get("event").and_then(Value::as_str).is_some_and(|m| m.contains("invalid spec")))
+        .find(|l| {
+            l.get("event")
+                .and_then(Value::as_str)
+                .is_some_and(|m| m.contains("invalid spec"))
+        })
         .unwrap_or_else(|| panic!("plugin log as a span event: {:?}", call.logs));
-    assert_eq!(event.get("plugin").and_then(Value::as_str), Some("postgres"), "{event:?}");
+    assert_eq!(
+        event.get("plugin").and_then(Value::as_str),
+        Some("postgres"),
+        "{event:?}"
+    );
     assert_eq!(event.get("level").and_then(Value::as_str), Some("WARN"), "{event:?}");
 
     let (hook, _) = poll("the webhook trace", Duration::from_secs(30), || {
-        jaeger.traces(otel::DEFAULT_SERVICE_NAME, "webhook%20validate", &[]).into_iter().next()
+        jaeger
+            .traces(otel::DEFAULT_SERVICE_NAME, "webhook%20validate", &[])
+            .into_iter()
+            .next()
     });
     let hook_spans = spans(&hook);
     assert_eq!(hook_spans.len(), 1, "{hook_spans:#?}");
@@ -423,7 +565,10 @@ fn a_closed_collector_port_drops_and_counts_without_blocking() {
     assert_eq!(stats.exported(), 0, "nothing can reach a closed port");
     assert!(full > 0, "a 64-span queue must overflow under {made} spans");
     assert!(failed > 0, "the batches tried must count as failed");
-    assert!(full + failed <= made, "each span is counted at most once: {full} + {failed}");
+    assert!(
+        full + failed <= made,
+        "each span is counted at most once: {full} + {failed}"
+    );
     let _ = provider.shutdown_with_timeout(Duration::from_secs(2));
 }
 
@@ -447,24 +592,61 @@ fn json_trace_id_child() {
 fn json_log_lines_carry_the_trace_ids_with_export_off() {
     let exe = std::env::current_exe().expect("test binary");
     let mut cmd = Command::new(exe);
-    cmd.args(["--exact", "json_trace_id_child", "--ignored", "--nocapture", "--test-threads=1"]).env_remove("RUST_LOG");
+    cmd.args([
+        "--exact",
+        "json_trace_id_child",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env_remove("RUST_LOG");
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("OTEL_")) {
         cmd.env_remove(k);
     }
     let out = cmd.output().expect("run child");
-    assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "child failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<Value> = stderr.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).expect(l)).collect();
+    let lines: Vec<Value> = stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect(l))
+        .collect();
     assert_eq!(lines.len(), 5, "{stderr}");
     let id = |l: &Value, key: &str| l[key].as_str().map(str::to_owned);
-    let hex = |s: &Option<String>, n: usize| s.as_ref().is_some_and(|s| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit()));
+    let hex = |s: &Option<String>, n: usize| {
+        s.as_ref()
+            .is_some_and(|s| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
     for l in &lines[..4] {
-        assert!(hex(&id(l, "trace_id"), 32) && hex(&id(l, "span_id"), 16), "W3C ids: {l}");
+        assert!(
+            hex(&id(l, "trace_id"), 32) && hex(&id(l, "span_id"), 16),
+            "W3C ids: {l}"
+        );
     }
-    assert_eq!(id(&lines[0], "trace_id"), id(&lines[1], "trace_id"), "a child span's line is in its reconcile's trace");
-    assert_ne!(id(&lines[0], "span_id"), id(&lines[1], "span_id"), "but names its own span");
+    assert_eq!(
+        id(&lines[0], "trace_id"),
+        id(&lines[1], "trace_id"),
+        "a child span's line is in its reconcile's trace"
+    );
+    assert_ne!(
+        id(&lines[0], "span_id"),
+        id(&lines[1], "span_id"),
+        "but names its own span"
+    );
     assert_eq!(lines[1]["plugin"], "postgres");
     assert_eq!(id(&lines[2], "trace_id"), id(&lines[3], "trace_id"));
-    assert_ne!(id(&lines[0], "trace_id"), id(&lines[2], "trace_id"), "each reconcile is its own trace");
-    assert!(lines[4].get("trace_id").is_none(), "no trace outside spans: {}", lines[4]);
+    assert_ne!(
+        id(&lines[0], "trace_id"),
+        id(&lines[2], "trace_id"),
+        "each reconcile is its own trace"
+    );
+    assert!(
+        lines[4].get("trace_id").is_none(),
+        "no trace outside spans: {}",
+        lines[4]
+    );
 }

@@ -98,8 +98,14 @@ impl ExportSettings {
     /// [`Self::from_env`] over any variable source (tests pass a map).
     pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, OtelError> {
         let protocol = var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"));
-        let mut settings = match (var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), var("OTEL_EXPORTER_OTLP_ENDPOINT")) {
-            (Some(full), _) => Self { endpoint: full, ..Self::to_base("") },
+        let mut settings = match (
+            var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+            var("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        ) {
+            (Some(full), _) => Self {
+                endpoint: full,
+                ..Self::to_base("")
+            },
             (None, Some(base)) => Self::to_base(&base),
             (None, None) => return Ok(None),
         };
@@ -178,8 +184,15 @@ pub fn provider(export: Option<&ExportSettings>, stats: &ExportStats) -> Result<
         .with_http_client(ExportClient::new(export_timeout())?)
         .build()
         .map_err(|e| OtelError::Build(e.to_string()))?;
-    let queue = Arc::new(Queue { spans: AtomicUsize::new(0), capacity: export.queue_spans.max(1) });
-    let exporter = CountingExporter { inner: exporter, queue: Arc::clone(&queue), stats: stats.clone() };
+    let queue = Arc::new(Queue {
+        spans: AtomicUsize::new(0),
+        capacity: export.queue_spans.max(1),
+    });
+    let exporter = CountingExporter {
+        inner: exporter,
+        queue: Arc::clone(&queue),
+        stats: stats.clone(),
+    };
     let batch = BatchSpanProcessor::builder(exporter)
         .with_batch_config(
             BatchConfigBuilder::default()
@@ -189,7 +202,13 @@ pub fn provider(export: Option<&ExportSettings>, stats: &ExportStats) -> Result<
                 .build(),
         )
         .build();
-    Ok(builder.with_span_processor(BoundedProcessor { inner: batch, queue, stats: stats.clone() }).build())
+    Ok(builder
+        .with_span_processor(BoundedProcessor {
+            inner: batch,
+            queue,
+            stats: stats.clone(),
+        })
+        .build())
 }
 
 /// The `tracing` layer turning spans into OpenTelemetry spans of `provider`. Error-level events
@@ -213,7 +232,10 @@ pub fn init_global() -> (SdkTracerProvider, Option<OtelError>) {
     };
     let (provider, error) = match provider(export.as_ref(), &STATS) {
         Ok(p) => (p, error),
-        Err(err) => (self::provider(None, &STATS).unwrap_or_else(|_| SdkTracerProvider::builder().build()), Some(err)),
+        Err(err) => (
+            self::provider(None, &STATS).unwrap_or_else(|_| SdkTracerProvider::builder().build()),
+            Some(err),
+        ),
     };
     let _ = PROVIDER.set(provider.clone());
     (provider, error)
@@ -234,7 +256,8 @@ pub fn current_ids() -> Option<(String, String)> {
     let cx = tracing::Span::current().context();
     let span = cx.span();
     let sc = span.span_context();
-    sc.is_valid().then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+    sc.is_valid()
+        .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
 }
 
 /// The root span for one admission or conversion request, so webhook calls are their own traces:
@@ -272,12 +295,16 @@ struct Queue {
 impl Queue {
     fn try_take_slot(&self) -> bool {
         self.spans
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.capacity).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.capacity).then_some(n + 1)
+            })
             .is_ok()
     }
 
     fn release(&self, n: usize) {
-        let _ = self.spans.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| Some(q.saturating_sub(n)));
+        let _ = self
+            .spans
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| Some(q.saturating_sub(n)));
     }
 }
 
@@ -381,7 +408,11 @@ impl ExportClient {
         connector.set_connect_timeout(Some(timeout));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new()).build(connector);
-        Ok(Self { client, runtime: Runtime(Some(runtime)), timeout })
+        Ok(Self {
+            client,
+            runtime: Runtime(Some(runtime)),
+            timeout,
+        })
     }
 }
 
@@ -434,13 +465,19 @@ mod tests {
 
     #[test]
     fn export_is_off_without_an_endpoint() {
-        assert_eq!(ExportSettings::from_lookup(lookup(&[("OTEL_SERVICE_NAME", "x")])).ok(), Some(None));
+        assert_eq!(
+            ExportSettings::from_lookup(lookup(&[("OTEL_SERVICE_NAME", "x")])).ok(),
+            Some(None)
+        );
     }
 
     #[test]
     fn base_endpoint_gets_the_traces_path_and_a_full_one_is_kept() {
         let s = ExportSettings::from_lookup(lookup(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/")]));
-        assert_eq!(s.ok().flatten().map(|s| s.endpoint).as_deref(), Some("http://c:4318/v1/traces"));
+        assert_eq!(
+            s.ok().flatten().map(|s| s.endpoint).as_deref(),
+            Some("http://c:4318/v1/traces")
+        );
         let s = ExportSettings::from_lookup(lookup(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
             ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x"),
@@ -461,7 +498,10 @@ mod tests {
 
     #[test]
     fn the_queue_refuses_past_capacity_and_frees_on_export() {
-        let q = Queue { spans: AtomicUsize::new(0), capacity: 2 };
+        let q = Queue {
+            spans: AtomicUsize::new(0),
+            capacity: 2,
+        };
         assert!(q.try_take_slot() && q.try_take_slot());
         assert!(!q.try_take_slot());
         q.release(5);
