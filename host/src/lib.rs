@@ -7,6 +7,7 @@ pub mod crd;
 pub mod leader;
 pub mod plan_gate;
 pub mod policy;
+pub mod reload;
 pub mod render;
 pub mod runtime;
 pub mod telemetry;

@@ -114,6 +114,9 @@ struct RunArgs {
     /// Plain text logs instead of JSON lines.
     #[arg(long)]
     plain_logs: bool,
+    /// Seconds between audit sweeps (existing resources against the admission policy).
+    #[arg(long, default_value = "300")]
+    sweep_interval: u64,
     #[command(flatten)]
     sandbox: SandboxArgs,
     #[command(flatten)]
@@ -154,6 +157,18 @@ enum PluginCommand {
     /// Name, version, kinds, digest, size, imports and exports of a `.wasm`.
     Inspect {
         file: PathBuf,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
+    },
+    /// Print the ConfigMap YAML that hot-loads FILE into a running operator.
+    Pack {
+        file: PathBuf,
+        /// Plugin name (default: the component's own, from `info()`).
+        #[arg(long)]
+        name: Option<String>,
+        /// The operator's namespace.
+        #[arg(long, default_value = "stateward-system")]
+        namespace: String,
         #[command(flatten)]
         sandbox: SandboxArgs,
     },
@@ -207,6 +222,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Render(args) => render(args),
         Command::Crds { sandbox, out_dir } => crds(&sandbox, out_dir),
         Command::Plugin(PluginCommand::Inspect { file, sandbox }) => inspect(&sandbox, &file),
+        Command::Plugin(PluginCommand::Pack { file, name, namespace, sandbox }) => pack(&sandbox, &file, name, &namespace),
         Command::Policy(PolicyCommand::Test { dir }) => {
             Ok(exit(stateward::policy::cli::test(&dir)?))
         }
@@ -234,11 +250,30 @@ fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
     let sandbox = args.sandbox.sandbox()?;
     let registry = Registry::load_dir(&sandbox, &args.sandbox.plugin_dir)
         .with_context(|| format!("loading plugins from {}", args.sandbox.plugin_dir.display()))?;
+    let shipped_bundle = stateward::policy::Bundle::from_dir(&args.policy_dir)
+        .with_context(|| format!("reading policies from {}", args.policy_dir.display()))?;
     let sink = match &args.audit_log {
         Some(path) => AuditSink::File(path.clone()),
         None => AuditSink::Stdout,
     };
-    let gate = Arc::new(policy_gate(&args.policy_dir, &sink)?);
+    let gate = policy_gate(&args.policy_dir, &sink)?;
+    for plugin in registry.plugins() {
+        let verdict = gate.plugin_load(
+            &stateward::policy::DecisionContext::default(),
+            &stateward::policy::PluginLoad {
+                name: plugin.name().to_string(),
+                version: plugin.version().to_string(),
+                digest: format!("sha256:{}", plugin.digest()),
+                size: plugin.size() as u64,
+                kinds: stateward::reload::plugins::kind_refs(&plugin),
+            },
+        );
+        if !verdict.allowed() {
+            bail!("built-in plugin {} is denied by the plugins policy: {}", plugin.name(), verdict.denied.join("; "));
+        }
+    }
+    let registry = Arc::new(stateward::runtime::LiveRegistry::new(registry));
+    let gate = Arc::new(stateward::policy::LiveGate::new(gate));
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
@@ -252,8 +287,10 @@ fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
         http_addr: args.http_addr,
         leader,
         concurrency: args.concurrency.max(1),
+        sweep_interval: Duration::from_secs(args.sweep_interval.max(1)),
+        shipped_bundle,
     };
-    let webhook = (!args.webhook.no_webhook).then(|| {
+    let webhook = args.webhook.enabled(args.namespace.as_deref()).then(|| {
         let state = stateward::webhook::Webhook { registry: Arc::clone(&registry), sandbox: Arc::clone(&sandbox), gate: Arc::clone(&gate) };
         (Arc::new(state), args.webhook.settings(&args.lease_namespace, args.namespace.as_deref()), args.webhook.webhook_addr)
     });
@@ -263,6 +300,16 @@ fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
         // Every replica serves the webhooks (the API server may call any of them).
         if let Some((state, webhook_settings, addr)) = webhook {
             let listener = stateward::webhook::bind(addr).await?;
+            if !webhook_settings.cert_manager {
+                // The same CA issues the managed clusters' certificates (labelled ensure-secret).
+                let keeper = stateward::webhook::service_certs::CertificateKeeper {
+                    client: client.clone(),
+                    namespace: webhook_settings.watch_namespace.clone(),
+                    ca_secret: (webhook_settings.namespace.clone(), webhook_settings.secret.clone()),
+                    policy: webhook_settings.policy.clone(),
+                };
+                tokio::spawn(keeper.run());
+            }
             let client = client.clone();
             tokio::spawn(async move {
                 if let Err(e) = stateward::webhook::run(client, listener, state, webhook_settings, std::future::pending()).await {
@@ -329,6 +376,25 @@ fn policy_gate(dir: &std::path::Path, audit: &stateward::policy::AuditSink) -> a
     Ok(Gate::new(Arc::new(engine), Arc::new(audit)))
 }
 
+fn pack(args: &SandboxArgs, file: &std::path::Path, name: Option<String>, namespace: &str) -> anyhow::Result<ExitCode> {
+    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    // Load it first: a file the operator would refuse is better refused here.
+    let plugin = stateward::runtime::Plugin::load(&args.sandbox()?, &bytes)
+        .with_context(|| format!("{} is not a loadable plugin", file.display()))?;
+    let name = name.unwrap_or_else(|| plugin.name().to_string());
+    if name != plugin.name() {
+        bail!("the component calls itself {:?}; --name {name:?} would be rejected by the operator", plugin.name());
+    }
+    let cm = stateward::reload::plugins::pack(&bytes, &name, namespace)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let mut text = yaml_serde::to_string(&serde_json::to_value(&cm)?)?;
+    if !text.starts_with("apiVersion") {
+        text = format!("apiVersion: v1\nkind: ConfigMap\n{text}");
+    }
+    std::io::stdout().write_all(text.as_bytes())?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn crds(args: &SandboxArgs, out_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     let registry = args.registry()?;
     let mut all = String::new();
@@ -391,7 +457,8 @@ struct WebhookArgs {
     /// Address of the admission and conversion webhooks (TLS).
     #[arg(long, default_value = "0.0.0.0:9443")]
     webhook_addr: std::net::SocketAddr,
-    /// Serve no webhooks and touch no webhook configuration.
+    /// Serve no webhooks and touch no webhook configuration (outside a cluster, --namespace
+    /// without --webhook-url implies it).
     #[arg(long)]
     no_webhook: bool,
     /// Base URL the API server calls instead of the Service, e.g. https://127.0.0.1:9443; its
@@ -429,6 +496,18 @@ struct WebhookArgs {
 }
 
 impl WebhookArgs {
+    /// On unless --no-webhook; outside a cluster in --namespace mode only with --webhook-url:
+    /// such an operator usually holds a namespaced Role only (no cluster-scoped webhook
+    /// configuration to keep), and must not claim the shared default configuration and port.
+    fn enabled(&self, watch_namespace: Option<&str>) -> bool {
+        let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+        let implicit_off = !in_cluster && watch_namespace.is_some() && self.webhook_url.is_none();
+        if implicit_off && !self.no_webhook {
+            tracing::info!("webhooks off: outside a cluster in --namespace mode they need --webhook-url");
+        }
+        !self.no_webhook && !implicit_off
+    }
+
     fn settings(&self, lease_namespace: &str, watch_namespace: Option<&str>) -> stateward::webhook::Settings {
         use stateward::webhook::{CertPolicy, Endpoint, Settings};
         let namespace = self.webhook_namespace.clone().unwrap_or_else(|| lease_namespace.to_string());
