@@ -245,7 +245,8 @@ pub fn init_global() -> (SdkTracerProvider, Option<OtelError>) {
 /// once on the way out so the last reconciles' spans are not lost.
 pub fn shutdown(timeout: Duration) {
     if let Some(provider) = PROVIDER.get() {
-        let _ = provider.force_flush();
+        // Shutdown exports what is queued within the timeout (a separate force_flush would wait
+        // for a slow collector without one, delaying the exit past the pod's grace period).
         let _ = provider.shutdown_with_timeout(timeout);
     }
 }
