@@ -515,3 +515,97 @@ async fn cert_manager_mode_renders_its_certificates_and_serves_what_cert_manager
     wait_webhook_ready(&env, &mut op).await?;
     Ok(())
 }
+
+/// Verifies `leaf_pem` against `ca_pem` for `name`, as a client of the managed service would.
+fn verifies_for(leaf_pem: &str, ca_pem: &str, name: &str) -> bool {
+    use rustls::client::danger::ServerCertVerifier as _;
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    let (Ok(ca), Ok(leaf), Ok(server)) = (CertificateDer::from_pem_slice(ca_pem.as_bytes()), CertificateDer::from_pem_slice(leaf_pem.as_bytes()), ServerName::try_from(name.to_string())) else {
+        return false;
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    if roots.add(ca).is_err() {
+        return false;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let Ok(verifier) = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build() else { return false };
+    verifier.verify_server_cert(&leaf, &[], &server, &[], UnixTime::now()).is_ok()
+}
+
+#[tokio::test]
+async fn service_certificate_is_issued_renewed_and_rolls_pods_one_at_a_time() -> anyhow::Result<()> {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    let env = TestEnv::new("wh-svc-cert").await?;
+    let _teardown = Teardown::new(&env);
+    let _vwc = VwcGuard::new(&env);
+    let ns = env.namespace.clone();
+    // What a plugin's plan makes (a labelled ensure-secret, its Services, a StatefulSet that
+    // mounts the Secret), applied here directly: the host mechanism is what is under test.
+    let labels = json!({ "stateward.dev/instance": "db" });
+    for object in [
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "db", "labels": labels}, "spec": {"selector": labels, "ports": [{"port": 5432}]}}),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "db-headless", "labels": labels}, "spec": {"clusterIP": "None", "selector": labels, "ports": [{"port": 5432}]}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db-tls", "labels": {"stateward.dev/instance": "db", "stateward.dev/certificate": "server"}}}),
+        json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db", "labels": labels}, "spec": {
+            "replicas": 3, "serviceName": "db-headless", "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": {
+                "containers": [{"name": "db", "image": "registry.invalid/db:1", "volumeMounts": [{"name": "tls", "mountPath": "/tls"}]}],
+                "volumes": [{"name": "tls", "secret": {"secretName": "db-tls"}}]}}}}),
+    ] {
+        e2e::apply(&env, &ns, &object);
+    }
+    let port = e2e::free_port();
+    // 40 s certificates renewed with 25 s left: the first renewal ~15 s after issue.
+    let _op = webhook_operator(&env, "wh-svc-cert", port, &["--cert-lifetime", "40s", "--cert-renew-before", "25s"]);
+    let secrets: Api<Secret> = env.api();
+    let sets: Api<StatefulSet> = env.api();
+    let text = |s: &Secret, k: &str| s.data.as_ref().and_then(|d| d.get(k)).map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
+    let pod_name = format!("db-0.db-headless.{ns}.svc.cluster.local");
+    let (first, took) = e2e::wait_for("a certificate in db-tls", Duration::from_secs(60), || async {
+        let s = secrets.get("db-tls").await.map_err(|e| e.to_string())?;
+        let (crt, ca) = (text(&s, "tls.crt"), text(&s, "ca.crt"));
+        verifies_for(&crt, &ca, &pod_name).then_some(crt).ok_or_else(|| "no valid certificate yet".to_string())
+    })
+    .await;
+    eprintln!("service certificate issued {took:.1?} after start, valid for {pod_name}");
+    let webhook_ca = text(&secrets.get("stateward-webhook-tls").await?, "ca.crt");
+    ensure!(text(&secrets.get("db-tls").await?, "ca.crt") == webhook_ca, "not issued by the operator's CA");
+    ensure!(verifies_for(&first, &webhook_ca, &format!("db.{ns}.svc")), "client Service name not covered");
+
+    let rolled_out = |sts: &StatefulSet| {
+        let st = sts.status.clone().unwrap_or_default();
+        st.ready_replicas == Some(3) && st.updated_replicas == Some(3) && st.current_revision == st.update_revision
+    };
+    let annotation = |sts: &StatefulSet| {
+        sts.spec.as_ref().and_then(|s| s.template.metadata.as_ref()).and_then(|m| m.annotations.as_ref()).and_then(|a| a.get("stateward.dev/certificates-sha256")).cloned()
+    };
+    let (stamp, _) = e2e::wait_for("the StatefulSet stamped and rolled out", Duration::from_secs(120), || async {
+        let sts = sets.get("db").await.map_err(|e| e.to_string())?;
+        match annotation(&sts) {
+            Some(a) if rolled_out(&sts) => Ok(a),
+            other => Err(format!("annotation {other:?}, status {:?}", sts.status)),
+        }
+    })
+    .await;
+
+    let floor = e2e::ReadyFloor::start(&env, "db");
+    let (second, took) = e2e::wait_for("the renewed certificate", Duration::from_secs(60), || async {
+        let crt = text(&secrets.get("db-tls").await.map_err(|e| e.to_string())?, "tls.crt");
+        (crt != first && verifies_for(&crt, &webhook_ca, &pod_name)).then_some(crt).ok_or_else(|| "not renewed yet".to_string())
+    })
+    .await;
+    eprintln!("service certificate renewed after {took:.1?}");
+    let (_, took) = e2e::wait_for("the roll after renewal", Duration::from_secs(120), || async {
+        let sts = sets.get("db").await.map_err(|e| e.to_string())?;
+        let a = annotation(&sts);
+        (a.is_some() && a != Some(stamp.clone()) && rolled_out(&sts)).then_some(()).ok_or_else(|| format!("{:?}", sts.status))
+    })
+    .await;
+    let (lowest, events) = floor.floor();
+    eprintln!("pods rolled in {took:.1?} after the renewal; fewest Ready pods at any moment: {lowest:?} of 3 ({events} pod events)");
+    ensure!(second != first);
+    ensure!(lowest == Some(2), "pods did not roll one at a time: fewest Ready {lowest:?}");
+    ensure!(events > 3, "no pod changed during the roll ({events} events)");
+    Ok(())
+}

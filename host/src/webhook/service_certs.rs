@@ -8,8 +8,11 @@
 //! one at a time when a certificate changes. No service name appears here: Services, Secrets
 //! and pod templates are plain Kubernetes.
 //!
-//! These are the pieces; the controller's apply path calls them (see the module's report for
-//! the integration point).
+//! [`CertificateKeeper`] does this beside the controller, with the operator's existing
+//! permissions (list/watch/patch on Secrets, Services and StatefulSets): the controller creates
+//! the labelled Secret through `ensure-secret` and never overwrites it afterwards; the keeper
+//! fills and renews it, and patches only the one pod-template annotation (a field the
+//! controller's server-side apply does not own, so the two never fight).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -125,6 +128,118 @@ pub fn stamp_pod_template(statefulset: &mut Value, certificates: &BTreeMap<Strin
     }
     template["metadata"]["annotations"][POD_ANNOTATION] = json!(digest);
     true
+}
+
+/// Issues and renews the certificate Secrets of managed clusters and stamps their
+/// StatefulSets, from the webhook's CA (built-in mode).
+pub struct CertificateKeeper {
+    pub client: kube::Client,
+    /// Watched namespace; all when `None`.
+    pub namespace: Option<String>,
+    /// The webhook Secret holding the CA (namespace, name).
+    pub ca_secret: (String, String),
+    pub policy: CertPolicy,
+}
+
+impl CertificateKeeper {
+    fn api<K>(&self, namespace: Option<&str>) -> kube::Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        match namespace.or(self.namespace.as_deref()) {
+            Some(ns) => kube::Api::namespaced(self.client.clone(), ns),
+            None => kube::Api::all(self.client.clone()),
+        }
+    }
+
+    /// Runs [`Self::sync`] every check interval until the process ends; errors are logged.
+    pub async fn run(self) {
+        loop {
+            match self.sync().await {
+                Ok(n) if n > 0 => tracing::info!(issued = n, "service certificates issued"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "service certificates not kept; retrying"),
+            }
+            tokio::time::sleep(self.policy.check_interval()).await;
+        }
+    }
+
+    /// One pass: issue what is due, then stamp every StatefulSet that mounts a certificate.
+    /// Returns how many certificates were issued.
+    pub async fn sync(&self) -> Result<usize, WebhookError> {
+        use k8s_openapi::api::apps::v1::StatefulSet;
+        use k8s_openapi::api::core::v1::{Secret, Service};
+        use kube::api::{ListParams, Patch, PatchParams};
+        let ca_api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), &self.ca_secret.0);
+        let Some(ca) = ca_api.get_opt(&self.ca_secret.1).await.map_err(WebhookError::kube("reading the CA Secret"))?.as_ref().and_then(Material::from_secret) else {
+            return Ok(0);
+        };
+        let secrets: kube::Api<Secret> = self.api(None);
+        let wanted = secrets
+            .list(&ListParams::default().labels(&format!("{CERTIFICATE_LABEL}=server")))
+            .await
+            .map_err(WebhookError::kube("listing certificate Secrets"))?;
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let mut issued = 0;
+        let mut by_namespace: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for secret in wanted {
+            let (Some(ns), Some(name)) = (secret.metadata.namespace.clone(), secret.metadata.name.clone()) else { continue };
+            let Some(instance) = secret.metadata.labels.as_ref().and_then(|l| l.get(INSTANCE_LABEL)).cloned() else { continue };
+            let services: kube::Api<Service> = self.api(Some(&ns));
+            let listed = services
+                .list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={instance}")))
+                .await
+                .map_err(WebhookError::kube("listing an instance's Services"))?;
+            let objects: Vec<Value> = listed.items.iter().filter_map(|s| serde_json::to_value(s).ok()).map(|mut v| {
+                v["kind"] = json!("Service");
+                v
+            }).collect();
+            let sans = service_sans(&objects, &instance, &ns);
+            let text = |k: &str| secret.data.as_ref().and_then(|d| d.get(k)).map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
+            let current_ca = text(certs::CA_CRT) == ca.ca_pem;
+            let pem = if sans.is_empty() {
+                continue;
+            } else if current_ca && !renewal_due(secret.metadata.annotations.as_ref(), &sans, &self.policy, now) {
+                text(certs::TLS_CRT)
+            } else {
+                let (data, annotations) = issue(&ca, &sans, &self.policy)?;
+                let patch = json!({
+                    "metadata": { "resourceVersion": secret.metadata.resource_version, "annotations": annotations },
+                    "type": "Opaque",
+                    "stringData": data,
+                });
+                let api: kube::Api<Secret> = self.api(Some(&ns));
+                match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                    Ok(_) => issued += 1,
+                    // Another replica renewed it first; the next pass reads its result.
+                    Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                    Err(e) => return Err(WebhookError::kube("writing a certificate Secret")(e)),
+                }
+                data.get(certs::TLS_CRT).cloned().unwrap_or_default()
+            };
+            by_namespace.entry(ns).or_default().insert(name, pem);
+        }
+        for (ns, certificates) in by_namespace {
+            let sets: kube::Api<StatefulSet> = self.api(Some(&ns));
+            let listed = sets.list(&ListParams::default().labels(INSTANCE_LABEL)).await.map_err(WebhookError::kube("listing StatefulSets"))?;
+            for sts in listed {
+                let Some(name) = sts.metadata.name.clone() else { continue };
+                let mut value = serde_json::to_value(&sts).unwrap_or_default();
+                let before = value.pointer(&format!("/spec/template/metadata/annotations/{}", POD_ANNOTATION.replace('/', "~1"))).cloned();
+                if !stamp_pod_template(&mut value, &certificates) {
+                    continue;
+                }
+                let after = value.pointer(&format!("/spec/template/metadata/annotations/{}", POD_ANNOTATION.replace('/', "~1"))).cloned();
+                if before != after {
+                    let patch = json!({ "spec": { "template": { "metadata": { "annotations": { POD_ANNOTATION: after } } } } });
+                    sets.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(WebhookError::kube("stamping a StatefulSet"))?;
+                    tracing::info!(namespace = %ns, statefulset = %name, "certificate changed: pods roll");
+                }
+            }
+        }
+        Ok(issued)
+    }
 }
 
 #[cfg(test)]
