@@ -1,7 +1,8 @@
 //! Shared reflector caches of every child kind, filtered to objects labelled
 //! `stateward.dev/instance`, so observing a resource costs no API read.
 
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -29,7 +30,8 @@ pub struct Children {
     pub secrets: Store<Secret>,
     pub pdbs: Store<PodDisruptionBudget>,
     pub pvcs: Store<PersistentVolumeClaim>,
-    pub triggers: Triggers,
+    /// Where [`Children::triggers`] subscribes from; never handed out itself.
+    sources: Sources,
     /// Relists and deletions, which the shared change streams do not carry (they only
     /// announce objects that exist), so that a deleted child is recreated at once.
     changes: broadcast::Sender<ChildChange>,
@@ -45,8 +47,7 @@ pub enum ChildChange {
     Deleted { namespace: String, instance: String },
 }
 
-/// Change streams of every child kind, cloned into each controller.
-#[derive(Clone)]
+/// Change streams of every child kind, one set per controller ([`Children::triggers`]).
 pub struct Triggers {
     pub statefulsets: ReflectHandle<StatefulSet>,
     pub services: ReflectHandle<Service>,
@@ -54,6 +55,58 @@ pub struct Triggers {
     pub secrets: ReflectHandle<Secret>,
     pub pdbs: ReflectHandle<PodDisruptionBudget>,
     pub pvcs: ReflectHandle<PersistentVolumeClaim>,
+}
+
+/// The subscription source of one shared child stream. A subscriber of kube's shared reflector
+/// that stops reading holds the reflector back once the channel's 1024 slots are full, and the
+/// cache then never changes again (found by benches/scale.rs: at 300 resources every
+/// StatefulSet went ready while the operator kept seeing 0 ready pods). So the source receiver
+/// is read by a task of its own that drops what it reads, and each controller gets a clone made
+/// from it, which starts at the source's position.
+#[derive(Clone)]
+struct Source<K>(Arc<Mutex<Pin<Box<ReflectHandle<K>>>>>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static;
+
+impl<K> Source<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    fn new(handle: ReflectHandle<K>) -> Self {
+        let source = Source(Arc::new(Mutex::new(Box::pin(handle))));
+        let drained = source.clone();
+        tokio::spawn(async move {
+            // kube's handle answers Pending without a wake-up when the announced object was
+            // deleted meanwhile; the tick polls again so the source never stays behind.
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                let next = futures::future::poll_fn(|cx| futures::Stream::poll_next(drained.lock().as_mut(), cx));
+                tokio::select! {
+                    item = next => if item.is_none() { return },
+                    _ = tick.tick() => {}
+                }
+            }
+        });
+        source
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pin<Box<ReflectHandle<K>>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn subscribe(&self) -> ReflectHandle<K> {
+        self.lock().as_ref().get_ref().clone()
+    }
+}
+
+#[derive(Clone)]
+struct Sources {
+    statefulsets: Source<StatefulSet>,
+    services: Source<Service>,
+    configmaps: Source<ConfigMap>,
+    secrets: Source<Secret>,
+    pdbs: Source<PodDisruptionBudget>,
+    pvcs: Source<PersistentVolumeClaim>,
 }
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -155,14 +208,28 @@ impl Children {
             secrets,
             pdbs,
             pvcs,
-            triggers: Triggers {
-                statefulsets: t1,
-                services: t2,
-                configmaps: t3,
-                secrets: t4,
-                pdbs: t5,
-                pvcs: t6,
+            sources: Sources {
+                statefulsets: Source::new(t1),
+                services: Source::new(t2),
+                configmaps: Source::new(t3),
+                secrets: Source::new(t4),
+                pdbs: Source::new(t5),
+                pvcs: Source::new(t6),
             },
+        }
+    }
+
+    /// Fresh subscriptions to every child kind's changes, for one controller: it must keep
+    /// reading them (a kube Controller does) or drop them.
+    pub fn triggers(&self) -> Triggers {
+        let s = &self.sources;
+        Triggers {
+            statefulsets: s.statefulsets.subscribe(),
+            services: s.services.subscribe(),
+            configmaps: s.configmaps.subscribe(),
+            secrets: s.secrets.subscribe(),
+            pdbs: s.pdbs.subscribe(),
+            pvcs: s.pvcs.subscribe(),
         }
     }
 

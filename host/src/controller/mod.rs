@@ -340,7 +340,7 @@ async fn controller(
         Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &ar),
         None => Api::all_with(ctx.client.clone(), &ar),
     };
-    let t = ctx.children.triggers.clone();
+    let t = ctx.children.triggers();
     let controller = Controller::new_with(api, watcher::Config::default(), ar.clone());
     let counting = count_phases(controller.store(), Arc::clone(&ctx));
     let (swept_tx, swept_rx) = tokio::sync::mpsc::unbounded_channel();
