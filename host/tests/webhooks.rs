@@ -227,6 +227,20 @@ async fn plugin_validation_errors_reach_kubectl_with_the_field_path() -> anyhow:
     // A change the plugin accepts still goes through.
     let out = e2e::patch(&env, &env.namespace, "postgrescluster/pg", &json!({"spec": {"version": "17.3"}}));
     ensure!(out.status.success(), "minor upgrade refused: {}", String::from_utf8_lossy(&out.stderr));
+    // Large objects still get an answer from the webhook, never a transport failure. The
+    // schema bounds the spec tightly; annotations (at most 256 KiB in all) are the bulk a CR
+    // can carry: a review of this update holds two ~200 KiB objects.
+    let pg = pg_api(&env);
+    for fill in ["a", "b"] {
+        let patch = json!({"metadata": {"annotations": {"example.com/bulk": fill.repeat(200 << 10)}}});
+        let r = pg.patch("pg", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await;
+        if let Err(kube::Error::Api(s)) = &r {
+            ensure!(!s.message.contains("failed calling webhook"), "the webhook failed on a large object: {}", s.message);
+        }
+        let answer = r.as_ref().map_or_else(|e| e.to_string(), |_| "allowed".into());
+        eprintln!("200 KiB annotation ({fill}): {}", answer.chars().take(300).collect::<String>());
+        ensure!(r.is_ok() || answer.contains("denied the request"), "not decided by the webhook: {answer}");
+    }
     let record = audit_admissions(&op)
         .into_iter()
         .find(|r| r["input"]["fieldErrors"].as_array().is_some_and(|e| !e.is_empty()))

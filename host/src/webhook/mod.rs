@@ -130,6 +130,9 @@ impl Settings {
     }
 }
 
+/// Largest review body accepted.
+pub const REVIEW_BODY_LIMIT: usize = 8 << 20;
+
 /// The HTTP routes; handlers only extract and delegate.
 pub fn router(webhook: Arc<Webhook>) -> Router {
     async fn validate(State(w): State<Arc<Webhook>>, Json(body): Json<Value>) -> Json<Value> {
@@ -142,6 +145,8 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
         .route(config::VALIDATE_PATH, post(validate))
         .route(config::CONVERT_PATH, post(convert))
         .route("/healthz", get(|| async { "ok" }))
+        // An AdmissionReview carries the object and the old object (each up to etcd's 1.5 MB).
+        .layer(axum::extract::DefaultBodyLimit::max(REVIEW_BODY_LIMIT))
         .with_state(webhook)
 }
 
