@@ -28,6 +28,9 @@ pub const CERTIFICATE_LABEL: &str = "stateward.dev/certificate";
 pub const POD_ANNOTATION: &str = "stateward.dev/certificates-sha256";
 /// The instance label every child carries.
 const INSTANCE_LABEL: &str = "stateward.dev/instance";
+/// JSON pointers to the two keys above (`/` escaped as `~1`).
+const INSTANCE_POINTER: &str = "/metadata/labels/stateward.dev~1instance";
+const POD_ANNOTATION_POINTER: &str = "/spec/template/metadata/annotations/stateward.dev~1certificates-sha256";
 
 /// Whether a secret request's labels ask for a certificate.
 pub fn is_certificate_request(labels: &[(String, String)]) -> bool {
@@ -40,7 +43,7 @@ pub fn is_certificate_request(labels: &[(String, String)]) -> bool {
 pub fn service_sans(objects: &[Value], instance: &str, namespace: &str) -> Vec<String> {
     let mut names = BTreeSet::new();
     for o in objects {
-        if o["kind"] != "Service" || o.pointer(&format!("/metadata/labels/{}", INSTANCE_LABEL.replace('/', "~1"))) != Some(&json!(instance)) {
+        if o["kind"] != "Service" || o.pointer(INSTANCE_POINTER) != Some(&json!(instance)) {
             continue;
         }
         let Some(name) = o.pointer("/metadata/name").and_then(Value::as_str) else { continue };
@@ -226,11 +229,11 @@ impl CertificateKeeper {
             for sts in listed {
                 let Some(name) = sts.metadata.name.clone() else { continue };
                 let mut value = serde_json::to_value(&sts).unwrap_or_default();
-                let before = value.pointer(&format!("/spec/template/metadata/annotations/{}", POD_ANNOTATION.replace('/', "~1"))).cloned();
+                let before = value.pointer(POD_ANNOTATION_POINTER).cloned();
                 if !stamp_pod_template(&mut value, &certificates) {
                     continue;
                 }
-                let after = value.pointer(&format!("/spec/template/metadata/annotations/{}", POD_ANNOTATION.replace('/', "~1"))).cloned();
+                let after = value.pointer(POD_ANNOTATION_POINTER).cloned();
                 if before != after {
                     let patch = json!({ "spec": { "template": { "metadata": { "annotations": { POD_ANNOTATION: after } } } } });
                     sets.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(WebhookError::kube("stamping a StatefulSet"))?;
@@ -254,6 +257,12 @@ mod tests {
             s["spec"]["clusterIP"] = json!("None");
         }
         s
+    }
+
+    #[test]
+    fn pointers_name_the_keys() {
+        assert_eq!(INSTANCE_POINTER, format!("/metadata/labels/{}", INSTANCE_LABEL.replacen('/', "~1", 1)));
+        assert_eq!(POD_ANNOTATION_POINTER, format!("/spec/template/metadata/annotations/{}", POD_ANNOTATION.replacen('/', "~1", 1)));
     }
 
     #[test]
