@@ -623,3 +623,62 @@ async fn service_certificate_is_issued_renewed_and_rolls_pods_one_at_a_time() ->
     ensure!(events > 3, "no pod changed during the roll ({events} events)");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_standby_replica_serves_admission_too() -> anyhow::Result<()> {
+    let env = TestEnv::new("wh-standby").await?;
+    let _teardown = Teardown::new(&env);
+    let _vwc = VwcGuard::new(&env);
+    let standby_vwc = format!("{}-standby", vwc_name(&env));
+    let _standby_vwc = VwcGuard { kubectl: {
+        let mut k = env.kubectl();
+        k.args(["delete", "validatingwebhookconfiguration", &standby_vwc, "--ignore-not-found"]);
+        k
+    } };
+    let port = e2e::free_port();
+    let mut leader = webhook_operator(&env, "wh-leader", port, &[]);
+    wait_webhook_ready(&env, &mut leader).await?;
+    let (_, took) = e2e::wait_for("a leader", Duration::from_secs(60), || async {
+        leader.is_leader().filter(|l| *l).ok_or_else(|| "not yet".to_string())
+    })
+    .await;
+    eprintln!("first replica leads after {took:.1?}");
+    // A second replica in the same namespace (same Lease, same webhook Secret) with its own
+    // configuration: every request now needs both replicas' answers.
+    let standby_port = e2e::free_port();
+    let standby = Operator::start_with(
+        &env,
+        "wh-standby",
+        OperatorOpts {
+            namespace: env.namespace.clone(),
+            lease_namespace: env.namespace.clone(),
+            webhook_args: ["--webhook-addr", &format!("127.0.0.1:{standby_port}"), "--webhook-url", &format!("https://127.0.0.1:{standby_port}"),
+                "--webhook-configuration", &standby_vwc, "--webhook-configure", "validating"]
+                .map(String::from)
+                .to_vec(),
+            ..Default::default()
+        },
+    );
+    let secrets: Api<Secret> = env.api();
+    let (_, took) = e2e::wait_for("the standby serving a certificate of the shared CA", Duration::from_secs(60), || async {
+        let s = secrets.get("stateward-webhook-tls").await.map_err(|e| e.to_string())?;
+        let ca = s.data.as_ref().and_then(|d| d.get("ca.crt")).map(|b| b.0.clone()).unwrap_or_default();
+        served_fingerprint(standby_port, &ca).await.map_err(|e| format!("{e:#}"))
+    })
+    .await;
+    eprintln!("standby serving after {took:.1?}");
+    ensure!(standby.is_leader() == Some(false), "the second replica leads: {:?}", standby.is_leader());
+    let api = pg_api(&env);
+    let probe = object(&POSTGRES.manifest("both", 3, "Retain"));
+    let (_, took) = e2e::wait_for("requests through both replicas", Duration::from_secs(60), || async {
+        api.create(&dry_run(), &probe).await.map(drop).map_err(|e| e.to_string())
+    })
+    .await;
+    eprintln!("admission through both replicas after {took:.1?}");
+    let denied = api.create(&dry_run(), &object(&POSTGRES.manifest("both", 3, "Delete"))).await;
+    ensure!(matches!(&denied, Err(kube::Error::Api(s)) if s.message.contains("retention-delete")), "{denied:?}");
+    let standby_decisions = std::fs::read_to_string(&standby.audit).unwrap_or_default().lines().filter(|l| l.contains("stateward/admission")).count();
+    ensure!(standby_decisions >= 2, "the standby audited {standby_decisions} admission decisions");
+    ensure!(standby.is_leader() == Some(false), "leadership moved during the test");
+    Ok(())
+}
