@@ -719,6 +719,7 @@ async fn converged_resource_reconciled_again_makes_zero_writes() {
             kubeconfig: Some(kubeconfig),
             identity: None,
             plugin_dir: None,
+            ..Default::default()
         },
     );
     op.wait_ready(START).await;
@@ -1001,6 +1002,7 @@ async fn namespace_mode_ignores_other_namespaces() {
             kubeconfig: Some(kubeconfig),
             identity: None,
             plugin_dir: None,
+            ..Default::default()
         },
     );
     let kind = POSTGRES;
@@ -1081,6 +1083,7 @@ async fn leader_failover_within_20s() {
         kubeconfig: None,
         identity: Some(id.to_string()),
         plugin_dir: None,
+        ..Default::default()
     };
     let mut a = Operator::start_with(&env, "leader-a", opts("replica-a"));
     let mut b = Operator::start_with(&env, "leader-b", opts("replica-b"));
