@@ -290,7 +290,7 @@ fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
         sweep_interval: Duration::from_secs(args.sweep_interval.max(1)),
         shipped_bundle,
     };
-    let webhook = args.webhook.enabled(args.namespace.as_deref()).then(|| {
+    let webhook = args.webhook.enabled().then(|| {
         let state = stateward::webhook::Webhook { registry: Arc::clone(&registry), sandbox: Arc::clone(&sandbox), gate: Arc::clone(&gate) };
         (Arc::new(state), args.webhook.settings(&args.lease_namespace, args.namespace.as_deref()), args.webhook.webhook_addr)
     });
@@ -457,13 +457,13 @@ struct WebhookArgs {
     /// Address of the admission and conversion webhooks (TLS).
     #[arg(long, default_value = "0.0.0.0:9443")]
     webhook_addr: std::net::SocketAddr,
-    /// Serve no webhooks and touch no webhook configuration (outside a cluster, --namespace
-    /// without --webhook-url implies it).
+    /// Serve no webhooks and touch no webhook configuration (implied outside a cluster
+    /// without --webhook-url).
     #[arg(long)]
     no_webhook: bool,
     /// Base URL the API server calls instead of the Service, e.g. https://127.0.0.1:9443; its
     /// host goes into the serving certificate. Outside a cluster (no KUBERNETES_SERVICE_HOST)
-    /// the default is https://127.0.0.1:<port of --webhook-addr>.
+    /// the webhooks run only when it is given.
     #[arg(long)]
     webhook_url: Option<String>,
     /// The webhook Service (in --webhook-namespace).
@@ -496,14 +496,15 @@ struct WebhookArgs {
 }
 
 impl WebhookArgs {
-    /// On unless --no-webhook; outside a cluster in --namespace mode only with --webhook-url:
-    /// such an operator usually holds a namespaced Role only (no cluster-scoped webhook
-    /// configuration to keep), and must not claim the shared default configuration and port.
-    fn enabled(&self, watch_namespace: Option<&str>) -> bool {
+    /// On in a cluster unless --no-webhook. Outside a cluster only with --webhook-url: no
+    /// Service leads to a local process, and an operator run from a shell (tests, the demo)
+    /// must not claim the shared configurations, port 9443, or make the API server fail
+    /// closed on its behalf without being asked to.
+    fn enabled(&self) -> bool {
         let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-        let implicit_off = !in_cluster && watch_namespace.is_some() && self.webhook_url.is_none();
+        let implicit_off = !in_cluster && self.webhook_url.is_none();
         if implicit_off && !self.no_webhook {
-            tracing::info!("webhooks off: outside a cluster in --namespace mode they need --webhook-url");
+            tracing::info!("webhooks off: outside a cluster they need --webhook-url (e.g. https://127.0.0.1:9443)");
         }
         !self.no_webhook && !implicit_off
     }
@@ -513,10 +514,6 @@ impl WebhookArgs {
         let namespace = self.webhook_namespace.clone().unwrap_or_else(|| lease_namespace.to_string());
         let endpoint = match &self.webhook_url {
             Some(url) => Endpoint::Url(url.clone()),
-            // Outside a cluster no Service leads here; a local API server can dial loopback.
-            None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() => {
-                Endpoint::Url(format!("https://127.0.0.1:{}", self.webhook_addr.port()))
-            }
             None => Endpoint::Service { namespace: namespace.clone(), name: self.webhook_service.clone() },
         };
         Settings {
