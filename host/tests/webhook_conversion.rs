@@ -52,7 +52,15 @@ impl Drop for Restore {
         };
         for kind in KINDS {
             let out = kubectl()
-                .args(["patch", "crd", &format!("{}.stateward.dev", kind.plural), "--type", "merge", "-p", &patch])
+                .args([
+                    "patch",
+                    "crd",
+                    &format!("{}.stateward.dev", kind.plural),
+                    "--type",
+                    "merge",
+                    "-p",
+                    &patch,
+                ])
                 .output();
             if !out.as_ref().is_ok_and(|o| o.status.success()) {
                 eprintln!("could not restore the conversion of {}: {out:?}", kind.plural);
@@ -61,18 +69,35 @@ impl Drop for Restore {
         // Then deploy/crds as the e2e tests apply them (storage flags back to v1).
         let crds = e2e::workspace_root().join("deploy").join("crds");
         let out = kubectl()
-            .args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-e2e", "-f"])
+            .args([
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                "stateward-e2e",
+                "-f",
+            ])
             .arg(&crds)
             .output();
         if !out.as_ref().is_ok_and(|o| o.status.success()) {
             eprintln!("could not re-apply {}: {out:?}", crds.display());
         }
-        let _ = kubectl().args(["delete", "validatingwebhookconfiguration", &self.vwc, "--ignore-not-found"]).output();
+        let _ = kubectl()
+            .args([
+                "delete",
+                "validatingwebhookconfiguration",
+                &self.vwc,
+                "--ignore-not-found",
+            ])
+            .output();
     }
 }
 
 fn api(env: &TestEnv, version: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("stateward.dev", version, POSTGRES.kind), POSTGRES.plural);
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("stateward.dev", version, POSTGRES.kind),
+        POSTGRES.plural,
+    );
     Api::namespaced_with(env.client.clone(), &env.namespace, &ar)
 }
 
@@ -88,7 +113,9 @@ fn registry() -> anyhow::Result<Registry> {
 /// What the plugin itself makes of `object` at `to` (the reference the API server's answer
 /// must match: the same function the plugin's round-trip tests check).
 fn convert(registry: &Registry, object: &Value, to: &str) -> anyhow::Result<Value> {
-    let plugin = registry.get("stateward.dev", POSTGRES.kind).context("postgres plugin")?;
+    let plugin = registry
+        .get("stateward.dev", POSTGRES.kind)
+        .context("postgres plugin")?;
     Ok(plugin.convert(&object.to_string(), &format!("stateward.dev/{to}"))?)
 }
 
@@ -97,7 +124,10 @@ fn convert(registry: &Registry, object: &Value, to: &str) -> anyhow::Result<Valu
 async fn set_storage(env: &TestEnv, version: &str) -> anyhow::Result<()> {
     let crds: Api<DynamicObject> = Api::all_with(
         env.client.clone(),
-        &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"), "customresourcedefinitions"),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
+            "customresourcedefinitions",
+        ),
     );
     let name = "postgresclusters.stateward.dev";
     let crd = serde_json::to_value(crds.get(name).await?)?;
@@ -105,11 +135,19 @@ async fn set_storage(env: &TestEnv, version: &str) -> anyhow::Result<()> {
     for v in &mut versions {
         v["storage"] = json!(v["name"] == version);
     }
-    crds.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"versions": versions}}))).await?;
+    crds.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"versions": versions}})),
+    )
+    .await?;
     let started = Instant::now();
     loop {
         let crd = serde_json::to_value(crds.get(name).await?)?;
-        if crd["status"]["storedVersions"].as_array().is_some_and(|s| s.iter().any(|v| v == version)) {
+        if crd["status"]["storedVersions"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|v| v == version))
+        {
             // The handler swaps storage asynchronously after the CRD update.
             tokio::time::sleep(Duration::from_secs(2)).await;
             return Ok(());
@@ -126,7 +164,10 @@ async fn v1alpha1_and_v1_round_trip_through_the_conversion_webhook() -> anyhow::
     let env = TestEnv::new("wh-convert").await?;
     let _teardown = Teardown::new(&env);
     let vwc = format!("stateward-{}", env.namespace);
-    let _restore = Restore { kubeconfig: env.kubeconfig().to_path_buf(), vwc: vwc.clone() };
+    let _restore = Restore {
+        kubeconfig: env.kubeconfig().to_path_buf(),
+        vwc: vwc.clone(),
+    };
     let port = e2e::free_port();
     let url = format!("https://127.0.0.1:{port}");
     let mut op = Operator::start_with(
@@ -135,9 +176,18 @@ async fn v1alpha1_and_v1_round_trip_through_the_conversion_webhook() -> anyhow::
         OperatorOpts {
             namespace: env.namespace.clone(),
             lease_namespace: env.namespace.clone(),
-            webhook_args: ["--webhook-addr", &format!("127.0.0.1:{port}"), "--webhook-url", &url, "--webhook-configuration", &vwc, "--webhook-configure", "all"]
-                .map(String::from)
-                .to_vec(),
+            webhook_args: [
+                "--webhook-addr",
+                &format!("127.0.0.1:{port}"),
+                "--webhook-url",
+                &url,
+                "--webhook-configuration",
+                &vwc,
+                "--webhook-configure",
+                "all",
+            ]
+            .map(String::from)
+            .to_vec(),
             ..Default::default()
         },
     );
@@ -161,57 +211,121 @@ async fn v1alpha1_and_v1_round_trip_through_the_conversion_webhook() -> anyhow::
         if let Some(status) = op.exited() {
             bail!("operator exited with {status}:\n{}", op.log_tail(40));
         }
-        let pp = PostParams { dry_run: true, field_manager: None };
+        let pp = PostParams {
+            dry_run: true,
+            field_manager: None,
+        };
         match alpha.create(&pp, &legacy_obj).await {
             Ok(_) => break,
-            Err(e) if started.elapsed() > Duration::from_secs(90) => bail!("conversion never worked: {e}\n{}", op.log_tail(40)),
+            Err(e) if started.elapsed() > Duration::from_secs(90) => {
+                bail!("conversion never worked: {e}\n{}", op.log_tail(40))
+            }
             Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
         }
     }
     let crd: Value = serde_json::to_value(
         Api::<DynamicObject>::all_with(
             env.client.clone(),
-            &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"), "customresourcedefinitions"),
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
+                "customresourcedefinitions",
+            ),
         )
         .get("postgresclusters.stateward.dev")
         .await?,
     )?;
     let client_config = &crd["spec"]["conversion"]["webhook"]["clientConfig"];
-    ensure!(client_config["url"] == format!("{url}/convert"), "CRD clientConfig {client_config}");
-    ensure!(client_config["caBundle"].as_str().is_some_and(|b| !b.is_empty()), "no caBundle injected");
+    ensure!(
+        client_config["url"] == format!("{url}/convert"),
+        "CRD clientConfig {client_config}"
+    );
+    ensure!(
+        client_config["caBundle"].as_str().is_some_and(|b| !b.is_empty()),
+        "no caBundle injected"
+    );
     eprintln!("conversion webhook effective {:.1?} after start", started.elapsed());
 
     let registry = Arc::new(registry()?);
     // 1. Create as v1alpha1, read as v1.
-    alpha.create(&PostParams::default(), &legacy_obj).await.context("create as v1alpha1")?;
+    alpha
+        .create(&PostParams::default(), &legacy_obj)
+        .await
+        .context("create as v1alpha1")?;
     let as_alpha = get(&env, "v1alpha1", "legacy").await?;
     let as_v1 = get(&env, "v1", "legacy").await?;
-    ensure!(as_v1["spec"]["storage"] == json!({"size": "1Gi", "className": "local"}), "v1 storage: {}", as_v1["spec"]);
-    ensure!(as_v1["spec"].get("storageSize").is_none(), "v1 kept the v1alpha1 field: {}", as_v1["spec"]);
+    ensure!(
+        as_v1["spec"]["storage"] == json!({"size": "1Gi", "className": "local"}),
+        "v1 storage: {}",
+        as_v1["spec"]
+    );
+    ensure!(
+        as_v1["spec"].get("storageSize").is_none(),
+        "v1 kept the v1alpha1 field: {}",
+        as_v1["spec"]
+    );
     let expected = convert(&registry, &as_alpha, "v1")?;
-    ensure!(as_v1["spec"] == expected["spec"], "served v1 {} != plugin's {}", as_v1["spec"], expected["spec"]);
-    ensure!(as_alpha["spec"] == legacy["spec"], "v1alpha1 read back {} != created {}", as_alpha["spec"], legacy["spec"]);
+    ensure!(
+        as_v1["spec"] == expected["spec"],
+        "served v1 {} != plugin's {}",
+        as_v1["spec"],
+        expected["spec"]
+    );
+    ensure!(
+        as_alpha["spec"] == legacy["spec"],
+        "v1alpha1 read back {} != created {}",
+        as_alpha["spec"],
+        legacy["spec"]
+    );
 
     // 2. Update as v1 with a field v1alpha1 cannot hold, read as v1alpha1.
     let v1 = api(&env, "v1");
-    v1.patch("legacy", &PatchParams::default(), &Patch::Merge(json!({"spec": {"deletionProtection": true, "replicas": 4}})))
-        .await
-        .context("update as v1")?;
+    v1.patch(
+        "legacy",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"deletionProtection": true, "replicas": 4}})),
+    )
+    .await
+    .context("update as v1")?;
     let updated_v1 = get(&env, "v1", "legacy").await?;
     let as_alpha = get(&env, "v1alpha1", "legacy").await?;
-    ensure!(as_alpha["spec"].get("deletionProtection").is_none(), "v1alpha1 shows a v1-only field: {}", as_alpha["spec"]);
-    ensure!(as_alpha["spec"]["storageSize"] == "1Gi" && as_alpha["spec"]["replicas"] == 4, "v1alpha1 spec: {}", as_alpha["spec"]);
+    ensure!(
+        as_alpha["spec"].get("deletionProtection").is_none(),
+        "v1alpha1 shows a v1-only field: {}",
+        as_alpha["spec"]
+    );
+    ensure!(
+        as_alpha["spec"]["storageSize"] == "1Gi" && as_alpha["spec"]["replicas"] == 4,
+        "v1alpha1 spec: {}",
+        as_alpha["spec"]
+    );
     let expected = convert(&registry, &updated_v1, "v1alpha1")?;
-    ensure!(as_alpha["spec"] == expected["spec"], "served v1alpha1 {} != plugin's {}", as_alpha["spec"], expected["spec"]);
+    ensure!(
+        as_alpha["spec"] == expected["spec"],
+        "served v1alpha1 {} != plugin's {}",
+        as_alpha["spec"],
+        expected["spec"]
+    );
 
     // 3. Update as v1alpha1; the v1-only field survives (carried in the conversion annotation).
     alpha
-        .patch("legacy", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}})))
+        .patch(
+            "legacy",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 5}})),
+        )
         .await
         .context("update as v1alpha1")?;
     let back = get(&env, "v1", "legacy").await?;
-    ensure!(back["spec"]["deletionProtection"] == true, "deletionProtection lost through v1alpha1: {}", back["spec"]);
-    ensure!(back["spec"]["replicas"] == 5, "v1alpha1 update not seen as v1: {}", back["spec"]);
+    ensure!(
+        back["spec"]["deletionProtection"] == true,
+        "deletionProtection lost through v1alpha1: {}",
+        back["spec"]
+    );
+    ensure!(
+        back["spec"]["replicas"] == 5,
+        "v1alpha1 update not seen as v1: {}",
+        back["spec"]
+    );
     let mut want = updated_v1["spec"].clone();
     want["replicas"] = json!(5);
     ensure!(back["spec"] == want, "fields changed: {} vs {}", back["spec"], want);
@@ -221,26 +335,47 @@ async fn v1alpha1_and_v1_round_trip_through_the_conversion_webhook() -> anyhow::
     set_storage(&env, "v1alpha1").await?;
     let mut stored_alpha = legacy.clone();
     stored_alpha["metadata"]["name"] = json!("stored-alpha");
-    alpha.create(&PostParams::default(), &serde_json::from_value(stored_alpha.clone())?).await.context("create while v1alpha1 is stored")?;
+    alpha
+        .create(&PostParams::default(), &serde_json::from_value(stored_alpha.clone())?)
+        .await
+        .context("create while v1alpha1 is stored")?;
     let mut protected = POSTGRES.manifest("stored-from-v1", 3, "Retain");
     protected["spec"]["deletionProtection"] = json!(true);
-    v1.create(&PostParams::default(), &serde_json::from_value(protected.clone())?).await.context("create as v1 while v1alpha1 is stored")?;
+    v1.create(&PostParams::default(), &serde_json::from_value(protected.clone())?)
+        .await
+        .context("create as v1 while v1alpha1 is stored")?;
     set_storage(&env, "v1").await?;
     let read = get(&env, "v1", "stored-alpha").await?;
     let expected = convert(&registry, &get(&env, "v1alpha1", "stored-alpha").await?, "v1")?;
-    ensure!(read["spec"] == expected["spec"] && read["spec"]["storage"]["size"] == "1Gi", "stored v1alpha1 read as v1: {}", read["spec"]);
+    ensure!(
+        read["spec"] == expected["spec"] && read["spec"]["storage"]["size"] == "1Gi",
+        "stored v1alpha1 read as v1: {}",
+        read["spec"]
+    );
     let read = get(&env, "v1", "stored-from-v1").await?;
-    ensure!(read["spec"] == protected["spec"], "v1 stored as v1alpha1 lost fields: {} vs {}", read["spec"], protected["spec"]);
+    ensure!(
+        read["spec"] == protected["spec"],
+        "v1 stored as v1alpha1 lost fields: {} vs {}",
+        read["spec"],
+        protected["spec"]
+    );
     v1.delete("stored-alpha", &Default::default()).await?;
     // (stored-from-v1 has deletionProtection; the namespace teardown removes it.)
 
     // 5. The objects in a list at v1alpha1 are converted too (a multi-object review).
-    v1.create(&PostParams::default(), &serde_json::from_value(POSTGRES.manifest("modern", 3, "Retain"))?).await?;
+    v1.create(
+        &PostParams::default(),
+        &serde_json::from_value(POSTGRES.manifest("modern", 3, "Retain"))?,
+    )
+    .await?;
     let listed = alpha.list(&Default::default()).await?;
     ensure!(listed.items.len() >= 3, "listed {} objects", listed.items.len());
     for item in listed.items {
         let item = serde_json::to_value(item)?;
-        ensure!(item["apiVersion"] == "stateward.dev/v1alpha1" && item["spec"]["storageSize"].is_string(), "not converted: {item}");
+        ensure!(
+            item["apiVersion"] == "stateward.dev/v1alpha1" && item["spec"]["storageSize"].is_string(),
+            "not converted: {item}"
+        );
     }
     Ok(())
 }

@@ -35,7 +35,12 @@ struct VwcGuard {
 impl VwcGuard {
     fn new(env: &TestEnv) -> VwcGuard {
         let mut kubectl = env.kubectl();
-        kubectl.args(["delete", "validatingwebhookconfiguration", &vwc_name(env), "--ignore-not-found"]);
+        kubectl.args([
+            "delete",
+            "validatingwebhookconfiguration",
+            &vwc_name(env),
+            "--ignore-not-found",
+        ]);
         VwcGuard { kubectl }
     }
 }
@@ -84,7 +89,10 @@ fn object(v: &Value) -> DynamicObject {
 }
 
 fn dry_run() -> PostParams {
-    PostParams { dry_run: true, field_manager: None }
+    PostParams {
+        dry_run: true,
+        field_manager: None,
+    }
 }
 
 /// Waits until the API server calls the webhook successfully (configuration applied, CA
@@ -119,11 +127,32 @@ async fn wait_webhook_ready(env: &TestEnv, op: &mut Operator) -> anyhow::Result<
 /// only the admission webhook decides what she may do.
 fn grant_alice(env: &TestEnv) {
     for args in [
-        vec!["create", "role", "cr-editor", "--verb=*", "--resource=postgresclusters.stateward.dev,redisclusters.stateward.dev,elasticsearchclusters.stateward.dev"],
-        vec!["create", "rolebinding", "alice-cr-editor", "--role=cr-editor", "--user=alice"],
+        vec![
+            "create",
+            "role",
+            "cr-editor",
+            "--verb=*",
+            "--resource=postgresclusters.stateward.dev,redisclusters.stateward.dev,elasticsearchclusters.stateward.dev",
+        ],
+        vec![
+            "create",
+            "rolebinding",
+            "alice-cr-editor",
+            "--role=cr-editor",
+            "--user=alice",
+        ],
     ] {
-        let out = env.kubectl().args(&args).args(["-n", &env.namespace]).output().expect("kubectl");
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = env
+            .kubectl()
+            .args(&args)
+            .args(["-n", &env.namespace])
+            .output()
+            .expect("kubectl");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -131,7 +160,21 @@ fn grant_alice(env: &TestEnv) {
 fn apply_as_alice(env: &TestEnv, group: &str, manifest: &Value, extra: &[&str]) -> (bool, String) {
     let out = e2e::kubectl_stdin(
         env,
-        &[&["apply", "-n", &env.namespace, "--as", "alice", "--as-group", group, "-f", "-"][..], extra].concat(),
+        &[
+            &[
+                "apply",
+                "-n",
+                &env.namespace,
+                "--as",
+                "alice",
+                "--as-group",
+                group,
+                "-f",
+                "-",
+            ][..],
+            extra,
+        ]
+        .concat(),
         &manifest.to_string(),
     );
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
@@ -161,29 +204,52 @@ async fn retention_delete_is_denied_to_dev_allowed_to_admins_and_both_audited() 
     // Dry run first: decided (and audited) like the real thing, nothing stored.
     let (ok, err) = apply_as_alice(&env, "dev", &manifest, &["--dry-run=server"]);
     ensure!(!ok, "dry-run as dev was allowed");
-    ensure!(err.contains("retention-delete: alice may not set retentionPolicy: Delete"), "dry-run denial: {err}");
+    ensure!(
+        err.contains("retention-delete: alice may not set retentionPolicy: Delete"),
+        "dry-run denial: {err}"
+    );
 
     let (ok, err) = apply_as_alice(&env, "dev", &manifest, &[]);
     ensure!(!ok, "alice in dev could set retentionPolicy: Delete");
     ensure!(err.contains("denied the request"), "not an admission denial: {err}");
-    ensure!(err.contains("retention-delete: alice may not set retentionPolicy: Delete"), "policy message missing: {err}");
-    ensure!(pg_api(&env).get_opt("pg-delete").await?.is_none(), "a denied object was stored");
+    ensure!(
+        err.contains("retention-delete: alice may not set retentionPolicy: Delete"),
+        "policy message missing: {err}"
+    );
+    ensure!(
+        pg_api(&env).get_opt("pg-delete").await?.is_none(),
+        "a denied object was stored"
+    );
 
     let (ok, err) = apply_as_alice(&env, "stateward:admins", &manifest, &["--dry-run=server"]);
     ensure!(ok, "dry-run as admin denied: {err}");
-    ensure!(pg_api(&env).get_opt("pg-delete").await?.is_none(), "a dry-run object was stored");
+    ensure!(
+        pg_api(&env).get_opt("pg-delete").await?.is_none(),
+        "a dry-run object was stored"
+    );
 
     let (ok, err) = apply_as_alice(&env, "stateward:admins", &manifest, &[]);
     ensure!(ok, "alice in stateward:admins was denied: {err}");
     // The policy's warn set reaches kubectl as an admission warning.
-    ensure!(err.contains("single-replica"), "no admission warning for one replica: {err}");
-    ensure!(pg_api(&env).get_opt("pg-delete").await?.is_some(), "allowed object not stored");
+    ensure!(
+        err.contains("single-replica"),
+        "no admission warning for one replica: {err}"
+    );
+    ensure!(
+        pg_api(&env).get_opt("pg-delete").await?.is_some(),
+        "allowed object not stored"
+    );
 
     // A denial arrives well before the API server's 10 s webhook timeout.
     let started = Instant::now();
-    let denied = pg_api(&env).create(&dry_run(), &object(&POSTGRES.manifest("timed", 3, "Delete"))).await;
+    let denied = pg_api(&env)
+        .create(&dry_run(), &object(&POSTGRES.manifest("timed", 3, "Delete")))
+        .await;
     let took = started.elapsed();
-    ensure!(matches!(&denied, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("retention-delete")), "{denied:?}");
+    ensure!(
+        matches!(&denied, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("retention-delete")),
+        "{denied:?}"
+    );
     ensure!(took < Duration::from_secs(1), "denial took {took:?}");
     eprintln!("denial round trip (client -> API server -> webhook -> client): {took:.1?}");
 
@@ -195,18 +261,49 @@ async fn retention_delete_is_denied_to_dev_allowed_to_admins_and_both_audited() 
     let outcome = |groups: &str, dry: bool| {
         by_alice
             .iter()
-            .filter(|r| r["input"]["userInfo"]["groups"].as_array().is_some_and(|g| g.iter().any(|x| x == groups)))
+            .filter(|r| {
+                r["input"]["userInfo"]["groups"]
+                    .as_array()
+                    .is_some_and(|g| g.iter().any(|x| x == groups))
+            })
             .filter(|r| r["input"]["dryRun"] == dry)
             .map(|r| r["result"]["enforced"]["allowed"].as_bool())
             .collect::<Vec<_>>()
     };
-    ensure!(outcome("dev", true) == [Some(false)], "dev dry-run audit: {:?}", outcome("dev", true));
-    ensure!(outcome("dev", false) == [Some(false)], "dev audit: {:?}", outcome("dev", false));
-    ensure!(outcome("stateward:admins", true) == [Some(true)], "admin dry-run audit: {:?}", outcome("stateward:admins", true));
-    ensure!(outcome("stateward:admins", false) == [Some(true)], "admin audit: {:?}", outcome("stateward:admins", false));
-    let verify = std::process::Command::new(env!("CARGO_BIN_EXE_stateward")).args(["audit", "verify"]).arg(&op.audit).output()?;
-    ensure!(verify.status.success(), "audit chain broken: {}", String::from_utf8_lossy(&verify.stdout));
-    eprintln!("audit: {} admission decisions, {} by alice", records.len(), by_alice.len());
+    ensure!(
+        outcome("dev", true) == [Some(false)],
+        "dev dry-run audit: {:?}",
+        outcome("dev", true)
+    );
+    ensure!(
+        outcome("dev", false) == [Some(false)],
+        "dev audit: {:?}",
+        outcome("dev", false)
+    );
+    ensure!(
+        outcome("stateward:admins", true) == [Some(true)],
+        "admin dry-run audit: {:?}",
+        outcome("stateward:admins", true)
+    );
+    ensure!(
+        outcome("stateward:admins", false) == [Some(true)],
+        "admin audit: {:?}",
+        outcome("stateward:admins", false)
+    );
+    let verify = std::process::Command::new(env!("CARGO_BIN_EXE_stateward"))
+        .args(["audit", "verify"])
+        .arg(&op.audit)
+        .output()?;
+    ensure!(
+        verify.status.success(),
+        "audit chain broken: {}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    eprintln!(
+        "audit: {} admission decisions, {} by alice",
+        records.len(),
+        by_alice.len()
+    );
     Ok(())
 }
 
@@ -220,32 +317,69 @@ async fn plugin_validation_errors_reach_kubectl_with_the_field_path() -> anyhow:
     wait_webhook_ready(&env, &mut op).await?;
     e2e::apply(&env, &env.namespace, &POSTGRES.manifest("pg", 3, "Retain"));
     // A major upgrade passes the schema (any version string) but not the plugin's validate.
-    let out = e2e::patch(&env, &env.namespace, "postgrescluster/pg", &json!({"spec": {"version": "18.1"}}));
+    let out = e2e::patch(
+        &env,
+        &env.namespace,
+        "postgrescluster/pg",
+        &json!({"spec": {"version": "18.1"}}),
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     ensure!(!out.status.success(), "major upgrade accepted");
-    ensure!(err.contains("spec.version: major upgrade from 17.2 to 18.1"), "no field path in: {err}");
+    ensure!(
+        err.contains("spec.version: major upgrade from 17.2 to 18.1"),
+        "no field path in: {err}"
+    );
     // A change the plugin accepts still goes through.
-    let out = e2e::patch(&env, &env.namespace, "postgrescluster/pg", &json!({"spec": {"version": "17.3"}}));
-    ensure!(out.status.success(), "minor upgrade refused: {}", String::from_utf8_lossy(&out.stderr));
+    let out = e2e::patch(
+        &env,
+        &env.namespace,
+        "postgrescluster/pg",
+        &json!({"spec": {"version": "17.3"}}),
+    );
+    ensure!(
+        out.status.success(),
+        "minor upgrade refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Large objects still get an answer from the webhook, never a transport failure. The
     // schema bounds the spec tightly; annotations (at most 256 KiB in all) are the bulk a CR
     // can carry: a review of this update holds two ~200 KiB objects.
     let pg = pg_api(&env);
     for fill in ["a", "b"] {
         let patch = json!({"metadata": {"annotations": {"example.com/bulk": fill.repeat(200 << 10)}}});
-        let r = pg.patch("pg", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await;
+        let r = pg
+            .patch(
+                "pg",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await;
         if let Err(kube::Error::Api(s)) = &r {
-            ensure!(!s.message.contains("failed calling webhook"), "the webhook failed on a large object: {}", s.message);
+            ensure!(
+                !s.message.contains("failed calling webhook"),
+                "the webhook failed on a large object: {}",
+                s.message
+            );
         }
         let answer = r.as_ref().map_or_else(|e| e.to_string(), |_| "allowed".into());
-        eprintln!("200 KiB annotation ({fill}): {}", answer.chars().take(300).collect::<String>());
-        ensure!(r.is_ok() || answer.contains("denied the request"), "not decided by the webhook: {answer}");
+        eprintln!(
+            "200 KiB annotation ({fill}): {}",
+            answer.chars().take(300).collect::<String>()
+        );
+        ensure!(
+            r.is_ok() || answer.contains("denied the request"),
+            "not decided by the webhook: {answer}"
+        );
     }
     let record = audit_admissions(&op)
         .into_iter()
         .find(|r| r["input"]["fieldErrors"].as_array().is_some_and(|e| !e.is_empty()))
         .context("the refused update is not in the audit log")?;
-    ensure!(record["input"]["fieldErrors"][0]["path"] == "spec.version", "audited field errors: {}", record["input"]["fieldErrors"]);
+    ensure!(
+        record["input"]["fieldErrors"][0]["path"] == "spec.version",
+        "audited field errors: {}",
+        record["input"]["fieldErrors"]
+    );
     Ok(())
 }
 
@@ -264,8 +398,15 @@ async fn served_fingerprint(port: u16, ca_pem: &[u8]) -> anyhow::Result<String> 
         .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     let name = ServerName::try_from("127.0.0.1")?.to_owned();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
-    let leaf = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).context("no peer certificate")?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await?;
+    let leaf = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .context("no peer certificate")?;
     Ok(hex::encode(Sha256::digest(leaf.as_ref())))
 }
 
@@ -286,7 +427,9 @@ impl RotationRun {
     fn percentile(&self, p: f64) -> Duration {
         let mut l = self.latencies.clone();
         l.sort();
-        l.get(((l.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or_default()
+        l.get(((l.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or_default()
     }
 }
 
@@ -295,9 +438,20 @@ impl RotationRun {
 /// certificate it serves (verified against the CAs the Secret held, for 127.0.0.1).
 async fn admission_load_through_rotation(env: &TestEnv, port: u16, secs: u64) -> anyhow::Result<RotationRun> {
     let secrets: Api<Secret> = env.api();
-    let ca = |s: &Secret| s.data.as_ref().and_then(|d| d.get("ca.crt")).map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
+    let ca = |s: &Secret| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get("ca.crt"))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .unwrap_or_default()
+    };
     let generation = |s: &Secret| {
-        s.metadata.annotations.as_ref().and_then(|a| a.get("stateward.dev/cert-generation")).and_then(|g| g.parse::<u64>().ok()).unwrap_or(0)
+        s.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("stateward.dev/cert-generation"))
+            .and_then(|g| g.parse::<u64>().ok())
+            .unwrap_or(0)
     };
     let first = secrets.get("stateward-webhook-tls").await?;
     let mut cas = vec![ca(&first)];
@@ -307,14 +461,22 @@ async fn admission_load_through_rotation(env: &TestEnv, port: u16, secs: u64) ->
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut workers = Vec::new();
     for w in 0..4 {
-        let (api, requests, failures, latencies) = (pg_api(env), Arc::clone(&requests), Arc::clone(&failures), Arc::clone(&latencies));
+        let (api, requests, failures, latencies) = (
+            pg_api(env),
+            Arc::clone(&requests),
+            Arc::clone(&failures),
+            Arc::clone(&latencies),
+        );
         workers.push(tokio::spawn(async move {
             let probe = object(&POSTGRES.manifest(&format!("load-{w}"), 3, "Retain"));
             while Instant::now() < deadline {
                 requests.fetch_add(1, Ordering::Relaxed);
                 let started = Instant::now();
                 let result = api.create(&dry_run(), &probe).await;
-                latencies.lock().unwrap_or_else(|p| p.into_inner()).push(started.elapsed());
+                latencies
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(started.elapsed());
                 if let Err(e) = result {
                     failures.lock().unwrap_or_else(|p| p.into_inner()).push(e.to_string());
                 }
@@ -327,7 +489,9 @@ async fn admission_load_through_rotation(env: &TestEnv, port: u16, secs: u64) ->
         if cas.last() != Some(&now_ca) {
             cas.push(now_ca);
         }
-        let fp = served_fingerprint(port, cas.concat().as_bytes()).await.context("handshake with the webhook")?;
+        let fp = served_fingerprint(port, cas.concat().as_bytes())
+            .await
+            .context("handshake with the webhook")?;
         if served.last() != Some(&fp) {
             served.push(fp);
         }
@@ -339,7 +503,14 @@ async fn admission_load_through_rotation(env: &TestEnv, port: u16, secs: u64) ->
     let last = secrets.get("stateward-webhook-tls").await?;
     let failures = failures.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let latencies = latencies.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    Ok(RotationRun { requests: requests.load(Ordering::Relaxed), failures, served, cas, generations: (generation(&first), generation(&last)), latencies })
+    Ok(RotationRun {
+        requests: requests.load(Ordering::Relaxed),
+        failures,
+        served,
+        cas,
+        generations: (generation(&first), generation(&last)),
+        latencies,
+    })
 }
 
 #[tokio::test]
@@ -349,23 +520,50 @@ async fn serving_certificate_rotates_under_admission_load_without_a_failed_reque
     let _vwc = VwcGuard::new(&env);
     let port = e2e::free_port();
     // 8 s certificates renewed with 5 s left: a new certificate about every 3 s.
-    let mut op = webhook_operator(&env, "wh-rotate", port, &["--cert-lifetime", "8s", "--cert-renew-before", "5s"]);
+    let mut op = webhook_operator(
+        &env,
+        "wh-rotate",
+        port,
+        &["--cert-lifetime", "8s", "--cert-renew-before", "5s"],
+    );
     wait_webhook_ready(&env, &mut op).await?;
     let run = admission_load_through_rotation(&env, port, 25).await?;
     let n = run.requests;
-    let decisions = audit_admissions(&op).iter().filter(|r| r["input"]["dryRun"] == true).count();
+    let decisions = audit_admissions(&op)
+        .iter()
+        .filter(|r| r["input"]["dryRun"] == true)
+        .count();
     eprintln!(
         "rotation: {} distinct served certificates, generation {} -> {}, {n} admission requests, {} failed, {decisions} audited dry-run decisions, round trip p50 {:.1?} p99 {:.1?} max {:.1?}",
         run.served.len(), run.generations.0, run.generations.1, run.failures.len(), run.percentile(0.5), run.percentile(0.99), run.percentile(1.0)
     );
     // The API server gives the webhook 10 s (config::TIMEOUT_SECONDS); answers come far sooner.
-    ensure!(run.percentile(0.99) < Duration::from_secs(1), "p99 admission round trip {:.1?}", run.percentile(0.99));
-    ensure!(run.failures.is_empty(), "{} of {n} requests failed, first: {}", run.failures.len(), run.failures[0]);
-    ensure!(run.served.len() >= 3, "the served certificate changed only {} times", run.served.len() - 1);
+    ensure!(
+        run.percentile(0.99) < Duration::from_secs(1),
+        "p99 admission round trip {:.1?}",
+        run.percentile(0.99)
+    );
+    ensure!(
+        run.failures.is_empty(),
+        "{} of {n} requests failed, first: {}",
+        run.failures.len(),
+        run.failures[0]
+    );
+    ensure!(
+        run.served.len() >= 3,
+        "the served certificate changed only {} times",
+        run.served.len() - 1
+    );
     ensure!(run.cas.len() == 1, "the CA changed during serving-certificate rotation");
     ensure!(n >= 40, "only {n} admission requests ran");
-    ensure!(decisions >= n, "{decisions} audited decisions for {n} requests: the webhook was bypassed");
-    ensure!(BTreeSet::from_iter(run.served.iter()).len() == run.served.len(), "an old certificate came back");
+    ensure!(
+        decisions >= n,
+        "{decisions} audited decisions for {n} requests: the webhook was bypassed"
+    );
+    ensure!(
+        BTreeSet::from_iter(run.served.iter()).len() == run.served.len(),
+        "an old certificate came back"
+    );
     Ok(())
 }
 
@@ -380,15 +578,31 @@ async fn ca_rotation_trusts_both_cas_before_switching_and_no_request_fails() -> 
         &env,
         "wh-ca-rotate",
         port,
-        &["--cert-lifetime", "8s", "--cert-renew-before", "5s", "--ca-lifetime", "20s"],
+        &[
+            "--cert-lifetime",
+            "8s",
+            "--cert-renew-before",
+            "5s",
+            "--ca-lifetime",
+            "20s",
+        ],
     );
     wait_webhook_ready(&env, &mut op).await?;
     let run = admission_load_through_rotation(&env, port, 30).await?;
     eprintln!(
         "CA rotation: {} CAs, {} served certificates, {} admission requests, {} failed",
-        run.cas.len(), run.served.len(), run.requests, run.failures.len()
+        run.cas.len(),
+        run.served.len(),
+        run.requests,
+        run.failures.len()
     );
-    ensure!(run.failures.is_empty(), "{} of {} requests failed, first: {}", run.failures.len(), run.requests, run.failures[0]);
+    ensure!(
+        run.failures.is_empty(),
+        "{} of {} requests failed, first: {}",
+        run.failures.len(),
+        run.requests,
+        run.failures[0]
+    );
     ensure!(run.cas.len() >= 3, "the CA changed only {} times", run.cas.len() - 1);
     ensure!(run.requests >= 40, "only {} admission requests ran", run.requests);
     Ok(())
@@ -405,29 +619,45 @@ async fn operator_down_refuses_managed_kinds_and_nothing_else() -> anyhow::Resul
     op.kill9();
 
     let api = pg_api(&env);
-    let refused = api.create(&PostParams::default(), &object(&POSTGRES.manifest("pg", 3, "Retain"))).await;
+    let refused = api
+        .create(&PostParams::default(), &object(&POSTGRES.manifest("pg", 3, "Retain")))
+        .await;
     match refused {
-        Err(kube::Error::Api(s)) => ensure!(s.message.contains("failed calling webhook"), "refused for another reason: {}", s.message),
+        Err(kube::Error::Api(s)) => ensure!(
+            s.message.contains("failed calling webhook"),
+            "refused for another reason: {}",
+            s.message
+        ),
         Err(e) => bail!("unexpected error: {e}"),
         Ok(_) => bail!("a managed kind was created with the webhook down"),
     }
     for kind in [e2e::REDIS, e2e::ELASTICSEARCH] {
-        let r = kind.api(&env).create(&dry_run(), &object(&kind.manifest("x", 3, "Retain"))).await;
+        let r = kind
+            .api(&env)
+            .create(&dry_run(), &object(&kind.manifest("x", 3, "Retain")))
+            .await;
         ensure!(r.is_err(), "{} accepted with the webhook down", kind.kind);
     }
     // Everything else is untouched: reads of the managed kinds, other kinds' writes.
     ensure!(api.list(&Default::default()).await?.items.is_empty(), "list failed");
     let cms: Api<ConfigMap> = env.api();
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "unaffected"}, "data": {"a": "b"}}))?;
-    cms.create(&PostParams::default(), &cm).await.context("a ConfigMap was refused with the webhook down")?;
+    cms.create(&PostParams::default(), &cm)
+        .await
+        .context("a ConfigMap was refused with the webhook down")?;
     let secrets: Api<Secret> = env.api();
     let s: Secret = serde_json::from_value(json!({"metadata": {"name": "unaffected"}, "stringData": {"a": "b"}}))?;
-    secrets.create(&PostParams::default(), &s).await.context("a Secret was refused with the webhook down")?;
+    secrets
+        .create(&PostParams::default(), &s)
+        .await
+        .context("a Secret was refused with the webhook down")?;
 
     // Back up: the same configuration works again, with the CA kept in the Secret.
     let mut op = webhook_operator(&env, "wh-closed-2", port, &[]);
     wait_webhook_ready(&env, &mut op).await?;
-    api.create(&PostParams::default(), &object(&POSTGRES.manifest("pg", 3, "Retain"))).await.context("create after restart")?;
+    api.create(&PostParams::default(), &object(&POSTGRES.manifest("pg", 3, "Retain")))
+        .await
+        .context("create after restart")?;
     Ok(())
 }
 
@@ -445,14 +675,39 @@ fn install_cert_manager_crds(env: &TestEnv) -> anyhow::Result<()> {
                     "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } } }],
             },
         });
-        let out = e2e::kubectl_stdin(env, &["apply", "--server-side", "--field-manager", "stateward-webhook-test", "-f", "-"], &crd.to_string());
-        ensure!(out.status.success(), "installing {plural}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = e2e::kubectl_stdin(
+            env,
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager",
+                "stateward-webhook-test",
+                "-f",
+                "-",
+            ],
+            &crd.to_string(),
+        );
+        ensure!(
+            out.status.success(),
+            "installing {plural}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let out = env
         .kubectl()
-        .args(["wait", "--for=condition=Established", "--timeout=60s", "crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io"])
+        .args([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/issuers.cert-manager.io",
+            "crd/certificates.cert-manager.io",
+        ])
         .output()?;
-    ensure!(out.status.success(), "cert-manager CRDs not established: {}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "cert-manager CRDs not established: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }
 
@@ -465,7 +720,11 @@ async fn play_cert_manager(env: &TestEnv, cert: &stateward_testkit::LoopbackCert
     }))?;
     let secrets: Api<Secret> = env.api();
     secrets
-        .patch("stateward-webhook-tls", &kube::api::PatchParams::apply("cert-manager").force(), &kube::api::Patch::Apply(&secret))
+        .patch(
+            "stateward-webhook-tls",
+            &kube::api::PatchParams::apply("cert-manager").force(),
+            &kube::api::Patch::Apply(&secret),
+        )
         .await?;
     Ok(())
 }
@@ -483,28 +742,50 @@ async fn cert_manager_mode_renders_its_certificates_and_serves_what_cert_manager
     let certs: Api<DynamicObject> = Api::namespaced_with(
         env.client.clone(),
         &env.namespace,
-        &kube::core::ApiResource::from_gvk_with_plural(&kube::core::GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate"), "certificates"),
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate"),
+            "certificates",
+        ),
     );
     let (serving, _) = e2e::wait_for("the serving Certificate", Duration::from_secs(60), || async {
         let found = certs.get_opt("stateward-webhook").await.map_err(|e| e.to_string())?;
-        found.map(|c| serde_json::to_value(c).unwrap_or_default()).ok_or_else(|| "not yet".to_string())
+        found
+            .map(|c| serde_json::to_value(c).unwrap_or_default())
+            .ok_or_else(|| "not yet".to_string())
     })
     .await;
-    ensure!(serving["spec"]["ipAddresses"] == json!(["127.0.0.1"]), "ipAddresses {}", serving["spec"]);
-    ensure!(serving["spec"]["secretName"] == "stateward-webhook-tls", "secretName {}", serving["spec"]);
-    ensure!(serving["spec"]["issuerRef"]["name"] == "stateward-webhook-ca", "issuerRef {}", serving["spec"]);
+    ensure!(
+        serving["spec"]["ipAddresses"] == json!(["127.0.0.1"]),
+        "ipAddresses {}",
+        serving["spec"]
+    );
+    ensure!(
+        serving["spec"]["secretName"] == "stateward-webhook-tls",
+        "secretName {}",
+        serving["spec"]
+    );
+    ensure!(
+        serving["spec"]["issuerRef"]["name"] == "stateward-webhook-ca",
+        "issuerRef {}",
+        serving["spec"]
+    );
 
     // Nothing is served until cert-manager fills the Secret: fail closed meanwhile.
     let first = stateward_testkit::LoopbackCert::generate()?;
     play_cert_manager(&env, &first).await?;
     wait_webhook_ready(&env, &mut op).await?;
-    ensure!(served_fingerprint(port, first.ca_pem.as_bytes()).await? == hex::encode(Sha256::digest(&first.cert_der)), "not serving cert-manager's certificate");
+    ensure!(
+        served_fingerprint(port, first.ca_pem.as_bytes()).await? == hex::encode(Sha256::digest(&first.cert_der)),
+        "not serving cert-manager's certificate"
+    );
 
     // cert-manager renews (here even with a new CA): served and injected without a restart.
     let second = stateward_testkit::LoopbackCert::generate()?;
     play_cert_manager(&env, &second).await?;
     let decode = |b: &Value| {
-        let text = base64::engine::general_purpose::STANDARD.decode(b.as_str().unwrap_or_default()).unwrap_or_default();
+        let text = base64::engine::general_purpose::STANDARD
+            .decode(b.as_str().unwrap_or_default())
+            .unwrap_or_default();
         String::from_utf8(text).unwrap_or_default()
     };
     let vwcs: Api<DynamicObject> = Api::all_with(
@@ -515,17 +796,29 @@ async fn cert_manager_mode_renders_its_certificates_and_serves_what_cert_manager
         ),
     );
     let want_fp = hex::encode(Sha256::digest(&second.cert_der));
-    let (vwc, took) = e2e::wait_for("the renewed certificate served and injected", Duration::from_secs(60), || async {
-        let vwc = serde_json::to_value(vwcs.get(&vwc_name(&env)).await.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
-        let served = served_fingerprint(port, second.ca_pem.as_bytes()).await.map_err(|e| format!("handshake: {e:#}"))?;
-        // The new CA is trusted (beside the previous one for a while) before it is served.
-        let injected = decode(&vwc["webhooks"][0]["clientConfig"]["caBundle"]).contains(second.ca_pem.trim());
-        (injected && served == want_fp).then_some(vwc).ok_or_else(|| format!("injected {injected}, served {served}"))
-    })
+    let (vwc, took) = e2e::wait_for(
+        "the renewed certificate served and injected",
+        Duration::from_secs(60),
+        || async {
+            let vwc = serde_json::to_value(vwcs.get(&vwc_name(&env)).await.map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            let served = served_fingerprint(port, second.ca_pem.as_bytes())
+                .await
+                .map_err(|e| format!("handshake: {e:#}"))?;
+            // The new CA is trusted (beside the previous one for a while) before it is served.
+            let injected = decode(&vwc["webhooks"][0]["clientConfig"]["caBundle"]).contains(second.ca_pem.trim());
+            (injected && served == want_fp)
+                .then_some(vwc)
+                .ok_or_else(|| format!("injected {injected}, served {served}"))
+        },
+    )
     .await;
     eprintln!("cert-manager renewal picked up in {took:.1?}");
     let annotation = &vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"];
-    ensure!(*annotation == format!("{}/stateward-webhook", env.namespace), "inject-ca-from {annotation}");
+    ensure!(
+        *annotation == format!("{}/stateward-webhook", env.namespace),
+        "inject-ca-from {annotation}"
+    );
     wait_webhook_ready(&env, &mut op).await?;
     Ok(())
 }
@@ -535,7 +828,11 @@ fn verifies_for(leaf_pem: &str, ca_pem: &str, name: &str) -> bool {
     use rustls::client::danger::ServerCertVerifier as _;
     use rustls::pki_types::pem::PemObject as _;
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-    let (Ok(ca), Ok(leaf), Ok(server)) = (CertificateDer::from_pem_slice(ca_pem.as_bytes()), CertificateDer::from_pem_slice(leaf_pem.as_bytes()), ServerName::try_from(name.to_string())) else {
+    let (Ok(ca), Ok(leaf), Ok(server)) = (
+        CertificateDer::from_pem_slice(ca_pem.as_bytes()),
+        CertificateDer::from_pem_slice(leaf_pem.as_bytes()),
+        ServerName::try_from(name.to_string()),
+    ) else {
         return false;
     };
     let mut roots = rustls::RootCertStore::empty();
@@ -543,8 +840,13 @@ fn verifies_for(leaf_pem: &str, ca_pem: &str, name: &str) -> bool {
         return false;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let Ok(verifier) = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build() else { return false };
-    verifier.verify_server_cert(&leaf, &[], &server, &[], UnixTime::now()).is_ok()
+    let Ok(verifier) = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build()
+    else {
+        return false;
+    };
+    verifier
+        .verify_server_cert(&leaf, &[], &server, &[], UnixTime::now())
+        .is_ok()
 }
 
 #[tokio::test]
@@ -571,55 +873,90 @@ async fn service_certificate_is_issued_renewed_and_rolls_pods_one_at_a_time() ->
     }
     let port = e2e::free_port();
     // 40 s certificates renewed with 25 s left: the first renewal ~15 s after issue.
-    let _op = webhook_operator(&env, "wh-svc-cert", port, &["--cert-lifetime", "40s", "--cert-renew-before", "25s"]);
+    let _op = webhook_operator(
+        &env,
+        "wh-svc-cert",
+        port,
+        &["--cert-lifetime", "40s", "--cert-renew-before", "25s"],
+    );
     let secrets: Api<Secret> = env.api();
     let sets: Api<StatefulSet> = env.api();
-    let text = |s: &Secret, k: &str| s.data.as_ref().and_then(|d| d.get(k)).map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
+    let text = |s: &Secret, k: &str| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .unwrap_or_default()
+    };
     let pod_name = format!("db-0.db-headless.{ns}.svc.cluster.local");
     let (first, took) = e2e::wait_for("a certificate in db-tls", Duration::from_secs(60), || async {
         let s = secrets.get("db-tls").await.map_err(|e| e.to_string())?;
         let (crt, ca) = (text(&s, "tls.crt"), text(&s, "ca.crt"));
-        verifies_for(&crt, &ca, &pod_name).then_some(crt).ok_or_else(|| "no valid certificate yet".to_string())
+        verifies_for(&crt, &ca, &pod_name)
+            .then_some(crt)
+            .ok_or_else(|| "no valid certificate yet".to_string())
     })
     .await;
     eprintln!("service certificate issued {took:.1?} after start, valid for {pod_name}");
     let webhook_ca = text(&secrets.get("stateward-webhook-tls").await?, "ca.crt");
-    ensure!(text(&secrets.get("db-tls").await?, "ca.crt") == webhook_ca, "not issued by the operator's CA");
-    ensure!(verifies_for(&first, &webhook_ca, &format!("db.{ns}.svc")), "client Service name not covered");
+    ensure!(
+        text(&secrets.get("db-tls").await?, "ca.crt") == webhook_ca,
+        "not issued by the operator's CA"
+    );
+    ensure!(
+        verifies_for(&first, &webhook_ca, &format!("db.{ns}.svc")),
+        "client Service name not covered"
+    );
 
     let rolled_out = |sts: &StatefulSet| {
         let st = sts.status.clone().unwrap_or_default();
         st.ready_replicas == Some(3) && st.updated_replicas == Some(3) && st.current_revision == st.update_revision
     };
     let annotation = |sts: &StatefulSet| {
-        sts.spec.as_ref().and_then(|s| s.template.metadata.as_ref()).and_then(|m| m.annotations.as_ref()).and_then(|a| a.get("stateward.dev/certificates-sha256")).cloned()
+        sts.spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get("stateward.dev/certificates-sha256"))
+            .cloned()
     };
-    let (stamp, _) = e2e::wait_for("the StatefulSet stamped and rolled out", Duration::from_secs(120), || async {
-        let sts = sets.get("db").await.map_err(|e| e.to_string())?;
-        match annotation(&sts) {
-            Some(a) if rolled_out(&sts) => Ok(a),
-            other => Err(format!("annotation {other:?}, status {:?}", sts.status)),
-        }
-    })
+    let (stamp, _) = e2e::wait_for(
+        "the StatefulSet stamped and rolled out",
+        Duration::from_secs(120),
+        || async {
+            let sts = sets.get("db").await.map_err(|e| e.to_string())?;
+            match annotation(&sts) {
+                Some(a) if rolled_out(&sts) => Ok(a),
+                other => Err(format!("annotation {other:?}, status {:?}", sts.status)),
+            }
+        },
+    )
     .await;
 
     let floor = e2e::ReadyFloor::start(&env, "db");
     let (second, took) = e2e::wait_for("the renewed certificate", Duration::from_secs(60), || async {
         let crt = text(&secrets.get("db-tls").await.map_err(|e| e.to_string())?, "tls.crt");
-        (crt != first && verifies_for(&crt, &webhook_ca, &pod_name)).then_some(crt).ok_or_else(|| "not renewed yet".to_string())
+        (crt != first && verifies_for(&crt, &webhook_ca, &pod_name))
+            .then_some(crt)
+            .ok_or_else(|| "not renewed yet".to_string())
     })
     .await;
     eprintln!("service certificate renewed after {took:.1?}");
     let (_, took) = e2e::wait_for("the roll after renewal", Duration::from_secs(120), || async {
         let sts = sets.get("db").await.map_err(|e| e.to_string())?;
         let a = annotation(&sts);
-        (a.is_some() && a != Some(stamp.clone()) && rolled_out(&sts)).then_some(()).ok_or_else(|| format!("{:?}", sts.status))
+        (a.is_some() && a != Some(stamp.clone()) && rolled_out(&sts))
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", sts.status))
     })
     .await;
     let (lowest, events) = floor.floor();
     eprintln!("pods rolled in {took:.1?} after the renewal; fewest Ready pods at any moment: {lowest:?} of 3 ({events} pod events)");
     ensure!(second != first);
-    ensure!(lowest == Some(2), "pods did not roll one at a time: fewest Ready {lowest:?}");
+    ensure!(
+        lowest == Some(2),
+        "pods did not roll one at a time: fewest Ready {lowest:?}"
+    );
     ensure!(events > 3, "no pod changed during the roll ({events} events)");
     Ok(())
 }
@@ -630,11 +967,18 @@ async fn a_standby_replica_serves_admission_too() -> anyhow::Result<()> {
     let _teardown = Teardown::new(&env);
     let _vwc = VwcGuard::new(&env);
     let standby_vwc = format!("{}-standby", vwc_name(&env));
-    let _standby_vwc = VwcGuard { kubectl: {
-        let mut k = env.kubectl();
-        k.args(["delete", "validatingwebhookconfiguration", &standby_vwc, "--ignore-not-found"]);
-        k
-    } };
+    let _standby_vwc = VwcGuard {
+        kubectl: {
+            let mut k = env.kubectl();
+            k.args([
+                "delete",
+                "validatingwebhookconfiguration",
+                &standby_vwc,
+                "--ignore-not-found",
+            ]);
+            k
+        },
+    };
     let port = e2e::free_port();
     let mut leader = webhook_operator(&env, "wh-leader", port, &[]);
     wait_webhook_ready(&env, &mut leader).await?;
@@ -652,33 +996,71 @@ async fn a_standby_replica_serves_admission_too() -> anyhow::Result<()> {
         OperatorOpts {
             namespace: env.namespace.clone(),
             lease_namespace: env.namespace.clone(),
-            webhook_args: ["--webhook-addr", &format!("127.0.0.1:{standby_port}"), "--webhook-url", &format!("https://127.0.0.1:{standby_port}"),
-                "--webhook-configuration", &standby_vwc, "--webhook-configure", "validating"]
-                .map(String::from)
-                .to_vec(),
+            webhook_args: [
+                "--webhook-addr",
+                &format!("127.0.0.1:{standby_port}"),
+                "--webhook-url",
+                &format!("https://127.0.0.1:{standby_port}"),
+                "--webhook-configuration",
+                &standby_vwc,
+                "--webhook-configure",
+                "validating",
+            ]
+            .map(String::from)
+            .to_vec(),
             ..Default::default()
         },
     );
     let secrets: Api<Secret> = env.api();
-    let (_, took) = e2e::wait_for("the standby serving a certificate of the shared CA", Duration::from_secs(60), || async {
-        let s = secrets.get("stateward-webhook-tls").await.map_err(|e| e.to_string())?;
-        let ca = s.data.as_ref().and_then(|d| d.get("ca.crt")).map(|b| b.0.clone()).unwrap_or_default();
-        served_fingerprint(standby_port, &ca).await.map_err(|e| format!("{e:#}"))
-    })
+    let (_, took) = e2e::wait_for(
+        "the standby serving a certificate of the shared CA",
+        Duration::from_secs(60),
+        || async {
+            let s = secrets.get("stateward-webhook-tls").await.map_err(|e| e.to_string())?;
+            let ca = s
+                .data
+                .as_ref()
+                .and_then(|d| d.get("ca.crt"))
+                .map(|b| b.0.clone())
+                .unwrap_or_default();
+            served_fingerprint(standby_port, &ca)
+                .await
+                .map_err(|e| format!("{e:#}"))
+        },
+    )
     .await;
     eprintln!("standby serving after {took:.1?}");
-    ensure!(standby.is_leader() == Some(false), "the second replica leads: {:?}", standby.is_leader());
+    ensure!(
+        standby.is_leader() == Some(false),
+        "the second replica leads: {:?}",
+        standby.is_leader()
+    );
     let api = pg_api(&env);
     let probe = object(&POSTGRES.manifest("both", 3, "Retain"));
     let (_, took) = e2e::wait_for("requests through both replicas", Duration::from_secs(60), || async {
-        api.create(&dry_run(), &probe).await.map(drop).map_err(|e| e.to_string())
+        api.create(&dry_run(), &probe)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
     })
     .await;
     eprintln!("admission through both replicas after {took:.1?}");
-    let denied = api.create(&dry_run(), &object(&POSTGRES.manifest("both", 3, "Delete"))).await;
-    ensure!(matches!(&denied, Err(kube::Error::Api(s)) if s.message.contains("retention-delete")), "{denied:?}");
-    let standby_decisions = std::fs::read_to_string(&standby.audit).unwrap_or_default().lines().filter(|l| l.contains("stateward/admission")).count();
-    ensure!(standby_decisions >= 2, "the standby audited {standby_decisions} admission decisions");
+    let denied = api
+        .create(&dry_run(), &object(&POSTGRES.manifest("both", 3, "Delete")))
+        .await;
+    ensure!(
+        matches!(&denied, Err(kube::Error::Api(s)) if s.message.contains("retention-delete")),
+        "{denied:?}"
+    );
+    let standby_decisions = std::fs::read_to_string(&standby.audit)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("stateward/admission"))
+        .count();
+    ensure!(
+        standby_decisions >= 2,
+        "the standby audited {standby_decisions} admission decisions"
+    );
     ensure!(standby.is_leader() == Some(false), "leadership moved during the test");
     Ok(())
 }

@@ -64,13 +64,21 @@ pub struct Answer {
 
 impl Answer {
     fn deny(code: u16, message: String) -> Self {
-        Self { allowed: false, code, message, warnings: Vec::new() }
+        Self {
+            allowed: false,
+            code,
+            message,
+            warnings: Vec::new(),
+        }
     }
 }
 
 /// Answers one AdmissionReview (any JSON in, always an AdmissionReview out).
 pub async fn review(webhook: Arc<Webhook>, body: Value) -> Value {
-    let uid = body.pointer("/request/uid").cloned().unwrap_or(Value::String(String::new()));
+    let uid = body
+        .pointer("/request/uid")
+        .cloned()
+        .unwrap_or(Value::String(String::new()));
     let answer = match body.get("request").cloned().map(serde_json::from_value::<Request>) {
         Some(Ok(req)) => {
             let span = tracing::info_span!(
@@ -110,18 +118,30 @@ async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
     let field_errors = if req.operation == "CREATE" || req.operation == "UPDATE" {
         let new = req.object.to_string();
         let old = (req.operation == "UPDATE").then(|| req.old_object.to_string());
-        let call = webhook.sandbox.run_blocking(move || plugin.validate(&new, old.as_deref())).await;
+        let call = webhook
+            .sandbox
+            .run_blocking(move || plugin.validate(&new, old.as_deref()))
+            .await;
         match call {
             Ok(Ok(errors)) => errors,
-            Ok(Err(e)) => vec![FieldError { path: String::new(), message: format!("plugin-error: {e}") }],
-            Err(e) => vec![FieldError { path: String::new(), message: format!("plugin-error: {e}") }],
+            Ok(Err(e)) => vec![FieldError {
+                path: String::new(),
+                message: format!("plugin-error: {e}"),
+            }],
+            Err(e) => vec![FieldError {
+                path: String::new(),
+                message: format!("plugin-error: {e}"),
+            }],
         }
     } else {
         Vec::new()
     };
     let request = AdmissionRequest {
         operation: req.operation.clone(),
-        user_info: UserInfo { username: req.user_info.username.clone(), groups: req.user_info.groups.clone() },
+        user_info: UserInfo {
+            username: req.user_info.username.clone(),
+            groups: req.user_info.groups.clone(),
+        },
         object: req.object,
         old_object: req.old_object,
         dry_run: req.dry_run,
@@ -130,7 +150,10 @@ async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
         Ok(v) => v,
         Err(e) => return Answer::deny(400, format!("encoding the policy input: {e}")),
     };
-    input["fieldErrors"] = json!(field_errors.iter().map(|e| json!({"path": e.path, "message": e.message})).collect::<Vec<_>>());
+    input["fieldErrors"] = json!(field_errors
+        .iter()
+        .map(|e| json!({"path": e.path, "message": e.message}))
+        .collect::<Vec<_>>());
     let gate = webhook.gate.current();
     let user = req.user_info.username.clone();
     // Evaluation is CPU work and the audit write may fsync: off the reactor.
@@ -144,7 +167,13 @@ async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
     };
     let mut messages: Vec<String> = field_errors
         .iter()
-        .map(|e| if e.path.is_empty() { e.message.clone() } else { format!("{}: {}", e.path, e.message) })
+        .map(|e| {
+            if e.path.is_empty() {
+                e.message.clone()
+            } else {
+                format!("{}: {}", e.path, e.message)
+            }
+        })
         .collect();
     messages.extend(verdict.denied.iter().cloned());
     let code = if verdict.allowed() { 422 } else { 403 };

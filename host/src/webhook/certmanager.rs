@@ -67,8 +67,14 @@ pub async fn apply(client: &Client, objects: &[Value]) -> Result<(), WebhookErro
     for object in objects {
         let kind = object["kind"].as_str().unwrap_or_default();
         let plural = if kind == "Issuer" { "issuers" } else { "certificates" };
-        let ns = object.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
-        let name = object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        let ns = object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cert-manager.io", "v1", kind), plural);
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
         api.patch(name, &PatchParams::apply("stateward").force(), &Patch::Apply(object))
@@ -94,12 +100,20 @@ mod tests {
     #[test]
     fn renders_a_ca_chain_and_a_serving_certificate() {
         let policy = CertPolicy::default();
-        let objs = render("ops", "hook-tls", &["127.0.0.1".into(), "stateward-webhook.ops.svc".into()], &policy);
+        let objs = render(
+            "ops",
+            "hook-tls",
+            &["127.0.0.1".into(), "stateward-webhook.ops.svc".into()],
+            &policy,
+        );
         let kinds: Vec<&str> = objs.iter().filter_map(|o| o["kind"].as_str()).collect();
         assert_eq!(kinds, ["Issuer", "Certificate", "Issuer", "Certificate"]);
         let serving = &objs[3];
         assert_eq!(serving["spec"]["secretName"], "hook-tls");
-        assert_eq!(serving["spec"]["dnsNames"], serde_json::json!(["stateward-webhook.ops.svc"]));
+        assert_eq!(
+            serving["spec"]["dnsNames"],
+            serde_json::json!(["stateward-webhook.ops.svc"])
+        );
         assert_eq!(serving["spec"]["ipAddresses"], serde_json::json!(["127.0.0.1"]));
         assert_eq!(serving["spec"]["renewBefore"], "2592000s");
         assert_eq!(serving["spec"]["issuerRef"]["name"], objs[2]["metadata"]["name"]);

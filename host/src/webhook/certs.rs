@@ -15,8 +15,7 @@ use k8s_openapi::ByteString;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
 };
 use time::OffsetDateTime;
 
@@ -84,7 +83,11 @@ fn ca_params(not_after: OffsetDateTime) -> Result<CertificateParams, rcgen::Erro
     params.distinguished_name.push(DnType::CommonName, CA_COMMON_NAME);
     params.distinguished_name.push(DnType::OrganizationName, "stateward");
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     params.not_after = not_after;
     Ok(params)
 }
@@ -101,7 +104,10 @@ fn after(d: Duration) -> OffsetDateTime {
 pub fn issue_all(policy: &CertPolicy, sans: &[String]) -> Result<Material, WebhookError> {
     let ca_key = KeyPair::generate().map_err(cert_err)?;
     let ca_not_after = after(policy.ca_lifetime);
-    let ca_cert = ca_params(ca_not_after).map_err(cert_err)?.self_signed(&ca_key).map_err(cert_err)?;
+    let ca_cert = ca_params(ca_not_after)
+        .map_err(cert_err)?
+        .self_signed(&ca_key)
+        .map_err(cert_err)?;
     let mut m = Material {
         ca_pem: ca_cert.pem(),
         ca_key_pem: ca_key.serialize_pem(),
@@ -120,11 +126,15 @@ pub fn issue_all(policy: &CertPolicy, sans: &[String]) -> Result<Material, Webho
 /// all an issuer needs, so the stored CA is rebuilt from its key without parsing X.509.
 pub fn renew_serving(m: &mut Material, policy: &CertPolicy, sans: &[String]) -> Result<(), WebhookError> {
     let ca_key = KeyPair::from_pem(&m.ca_key_pem).map_err(cert_err)?;
-    let ca_not_after = OffsetDateTime::from_unix_timestamp(m.ca_not_after).map_err(|e| WebhookError::Certificate(e.to_string()))?;
+    let ca_not_after =
+        OffsetDateTime::from_unix_timestamp(m.ca_not_after).map_err(|e| WebhookError::Certificate(e.to_string()))?;
     let issuer = Issuer::new(ca_params(ca_not_after).map_err(cert_err)?, ca_key);
     let key = KeyPair::generate().map_err(cert_err)?;
     let mut params = CertificateParams::new(sans.to_vec()).map_err(cert_err)?;
-    params.distinguished_name.push(DnType::CommonName, sans.first().map_or("stateward-webhook", String::as_str));
+    params.distinguished_name.push(
+        DnType::CommonName,
+        sans.first().map_or("stateward-webhook", String::as_str),
+    );
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     // Backdated a little: API server and operator clocks may differ.
@@ -182,7 +192,10 @@ impl Material {
             key_pem: text(TLS_KEY)?,
             ca_not_after: num(CA_NOT_AFTER)?,
             cert_not_after: num(CERT_NOT_AFTER)?,
-            sans: ann.get(CERT_SANS).map(|s| s.split(',').map(str::to_string).collect()).unwrap_or_default(),
+            sans: ann
+                .get(CERT_SANS)
+                .map(|s| s.split(',').map(str::to_string).collect())
+                .unwrap_or_default(),
             generation: num(CERT_SERIAL).and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
         })
     }
@@ -236,19 +249,30 @@ pub struct BuiltinCa {
 impl BuiltinCa {
     /// A store for Secret `name` in `namespace`.
     pub fn new(client: Client, namespace: &str, name: &str, policy: CertPolicy, sans: Vec<String>) -> Self {
-        Self { secrets: Api::namespaced(client, namespace), name: name.to_string(), policy, sans }
+        Self {
+            secrets: Api::namespaced(client, namespace),
+            name: name.to_string(),
+            policy,
+            sans,
+        }
     }
 
     /// One pass: renew what is due (compare-and-swap on the Secret) and return what the
     /// Secret holds now (the caller serves it).
     pub async fn sync(&self) -> Result<Material, WebhookError> {
         for _ in 0..5 {
-            let current = self.secrets.get_opt(&self.name).await.map_err(WebhookError::kube("reading the webhook Secret"))?;
+            let current = self
+                .secrets
+                .get_opt(&self.name)
+                .await
+                .map_err(WebhookError::kube("reading the webhook Secret"))?;
             let stored = current.as_ref().and_then(Material::from_secret);
             let next = match due(stored.as_ref(), &self.policy, &self.sans) {
                 Due::Nothing => None,
                 Due::ServingCert => {
-                    let mut m = stored.clone().ok_or_else(|| WebhookError::Certificate("no stored CA".into()))?;
+                    let mut m = stored
+                        .clone()
+                        .ok_or_else(|| WebhookError::Certificate("no stored CA".into()))?;
                     renew_serving(&mut m, &self.policy, &self.sans)?;
                     Some(m)
                 }
@@ -264,7 +288,10 @@ impl BuiltinCa {
                     let secret = m.into_secret(Secret {
                         metadata: ObjectMeta {
                             name: Some(self.name.clone()),
-                            labels: Some(BTreeMap::from([("app.kubernetes.io/managed-by".to_string(), "stateward".to_string())])),
+                            labels: Some(BTreeMap::from([(
+                                "app.kubernetes.io/managed-by".to_string(),
+                                "stateward".to_string(),
+                            )])),
                             ..ObjectMeta::default()
                         },
                         ..Secret::default()
@@ -281,7 +308,11 @@ impl BuiltinCa {
                     let secret = m.into_secret(existing);
                     match self.secrets.replace(&self.name, &PostParams::default(), &secret).await {
                         Ok(_) => {
-                            tracing::info!(generation = m.generation, not_after = m.cert_not_after, "webhook serving certificate renewed");
+                            tracing::info!(
+                                generation = m.generation,
+                                not_after = m.cert_not_after,
+                                "webhook serving certificate renewed"
+                            );
                             m
                         }
                         Err(kube::Error::Api(s)) if s.code == 409 => continue,
@@ -291,7 +322,9 @@ impl BuiltinCa {
             };
             return Ok(material);
         }
-        Err(WebhookError::Certificate("the webhook Secret kept changing under us".into()))
+        Err(WebhookError::Certificate(
+            "the webhook Secret kept changing under us".into(),
+        ))
     }
 }
 
@@ -300,7 +333,11 @@ mod tests {
     use super::*;
 
     fn short() -> CertPolicy {
-        CertPolicy { cert_lifetime: Duration::from_secs(10), renew_before: Duration::from_secs(5), ca_lifetime: Duration::from_secs(3600) }
+        CertPolicy {
+            cert_lifetime: Duration::from_secs(10),
+            renew_before: Duration::from_secs(5),
+            ca_lifetime: Duration::from_secs(3600),
+        }
     }
 
     #[test]

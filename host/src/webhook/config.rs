@@ -37,7 +37,10 @@ pub enum Endpoint {
 
 impl Default for Endpoint {
     fn default() -> Self {
-        Endpoint::Service { namespace: SERVICE_NAMESPACE.into(), name: SERVICE_NAME.into() }
+        Endpoint::Service {
+            namespace: SERVICE_NAMESPACE.into(),
+            name: SERVICE_NAME.into(),
+        }
     }
 }
 
@@ -92,7 +95,12 @@ pub struct Scope<'a> {
 /// The ValidatingWebhookConfiguration for `kinds`: CREATE, UPDATE and DELETE of each kind at
 /// its storage version (matchPolicy Equivalent sends requests made at other versions too,
 /// converted), fail closed, no side effects (so dry-run requests reach it).
-pub fn validating_configuration(scope: &Scope<'_>, endpoint: &Endpoint, kinds: &[&KindInfo], ca_bundle: Option<&str>) -> Value {
+pub fn validating_configuration(
+    scope: &Scope<'_>,
+    endpoint: &Endpoint,
+    kinds: &[&KindInfo],
+    ca_bundle: Option<&str>,
+) -> Value {
     let rules: Vec<Value> = kinds
         .iter()
         .map(|k| {
@@ -132,14 +140,26 @@ pub fn validating_configuration(scope: &Scope<'_>, endpoint: &Endpoint, kinds: &
 }
 
 fn dynamic(client: &Client, group: &str, version: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
-    Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural))
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural),
+    )
 }
 
 /// Applies the whole configuration (server-side apply, field manager `stateward`, forced:
 /// the operator owns it).
 pub async fn apply_validating(client: &Client, config: &Value) -> Result<(), WebhookError> {
-    let api = dynamic(client, "admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration", "validatingwebhookconfigurations");
-    let name = config.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let api = dynamic(
+        client,
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingWebhookConfiguration",
+        "validatingwebhookconfigurations",
+    );
+    let name = config
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     api.patch(name, &PatchParams::apply("stateward").force(), &Patch::Apply(config))
         .await
         .map_err(WebhookError::kube("applying the ValidatingWebhookConfiguration"))?;
@@ -148,8 +168,20 @@ pub async fn apply_validating(client: &Client, config: &Value) -> Result<(), Web
 
 /// Points the CRD of `kind` at the conversion webhook. A merge patch replaces the whole
 /// clientConfig (so a `url` never sits beside a `service` left by another field manager).
-pub async fn patch_crd_conversion(client: &Client, kind: &KindInfo, endpoint: &Endpoint, ca_bundle: Option<&str>, inject_from: Option<&str>) -> Result<(), WebhookError> {
-    let api = dynamic(client, "apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions");
+pub async fn patch_crd_conversion(
+    client: &Client,
+    kind: &KindInfo,
+    endpoint: &Endpoint,
+    ca_bundle: Option<&str>,
+    inject_from: Option<&str>,
+) -> Result<(), WebhookError> {
+    let api = dynamic(
+        client,
+        "apiextensions.k8s.io",
+        "v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+    );
     let mut client_config = endpoint.client_config(CONVERT_PATH, ca_bundle);
     match endpoint {
         Endpoint::Url(_) => client_config["service"] = Value::Null,

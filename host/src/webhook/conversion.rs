@@ -10,9 +10,20 @@ use super::Webhook;
 
 /// Answers one ConversionReview (any JSON in, always a ConversionReview out).
 pub async fn review(webhook: Arc<Webhook>, body: Value) -> Value {
-    let uid = body.pointer("/request/uid").cloned().unwrap_or(Value::String(String::new()));
-    let desired = body.pointer("/request/desiredAPIVersion").and_then(Value::as_str).unwrap_or("").to_string();
-    let objects = body.pointer("/request/objects").and_then(Value::as_array).cloned().unwrap_or_default();
+    let uid = body
+        .pointer("/request/uid")
+        .cloned()
+        .unwrap_or(Value::String(String::new()));
+    let desired = body
+        .pointer("/request/desiredAPIVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let objects = body
+        .pointer("/request/objects")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let span = tracing::info_span!("webhook.conversion", desired = %desired, objects = objects.len());
     let converted = convert_all(webhook, &desired, objects).instrument(span).await;
     let response = match converted {
@@ -41,7 +52,11 @@ async fn convert_all(webhook: Arc<Webhook>, desired: &str, objects: Vec<Value>) 
         let Some(plugin) = webhook.registry.get(group, kind) else {
             return Err(format!("no plugin serves {kind} {api_version}"));
         };
-        let name = object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         let (text, to) = (object.to_string(), desired.to_string());
         let converted = webhook
             .sandbox

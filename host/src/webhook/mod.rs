@@ -78,13 +78,17 @@ pub struct Webhook {
 impl Webhook {
     /// Every kind the plugins serve now.
     pub fn kinds(&self) -> Vec<KindInfo> {
-        self.registry.snapshot().plugins().iter().flat_map(|p| p.info().kinds.clone()).collect()
+        self.registry
+            .snapshot()
+            .plugins()
+            .iter()
+            .flat_map(|p| p.info().kinds.clone())
+            .collect()
     }
 }
 
 /// Which cluster objects the operator keeps pointed at its webhooks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[derive(clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Configure {
     /// The ValidatingWebhookConfiguration and the CRDs' conversion webhook.
     #[default]
@@ -153,8 +157,12 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
 /// Parses `90d`, `12h`, `30m`, `45s` or plain seconds (flags of certificate lifetimes).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let (number, unit) = text.find(|c: char| !c.is_ascii_digit()).map_or((text, ""), |i| text.split_at(i));
-    let n: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 90d, 12h, 30m or 45s"))?;
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((text, ""), |i| text.split_at(i));
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 90d, 12h, 30m or 45s"))?;
     let secs = match unit {
         "" | "s" => 1,
         "m" => 60,
@@ -162,12 +170,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "d" => 86400,
         _ => return Err(format!("unknown unit {unit:?} in {text:?} (s, m, h or d)")),
     };
-    n.checked_mul(secs).map(Duration::from_secs).ok_or_else(|| format!("{text:?} is too long"))
+    n.checked_mul(secs)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long"))
 }
 
 /// Binds the webhook port (before anything else, so a taken port fails the start).
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, WebhookError> {
-    TcpListener::bind(addr).await.map_err(|source| WebhookError::Bind { addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| WebhookError::Bind { addr, source })
 }
 
 /// Serves the webhooks on `listener` and keeps certificates and configurations current until
@@ -244,15 +256,24 @@ impl Trust {
 
 /// Fetches the serving certificate and its CA from the Secret (renewing first in built-in
 /// mode), without serving it yet.
-async fn fetch(settings: &Settings, builtin: &certs::BuiltinCa, secrets: &Api<Secret>) -> Result<(tls::ServingCert, String), WebhookError> {
+async fn fetch(
+    settings: &Settings,
+    builtin: &certs::BuiltinCa,
+    secrets: &Api<Secret>,
+) -> Result<(tls::ServingCert, String), WebhookError> {
     if !settings.cert_manager {
         let m = builtin.sync().await?;
         return Ok((m.serving()?, m.ca_pem));
     }
     match secrets.get_opt(&settings.secret).await {
-        Ok(Some(secret)) => certmanager::from_secret(&secret)
-            .unwrap_or_else(|| Err(WebhookError::Certificate("cert-manager has not filled the Secret yet".into()))),
-        Ok(None) => Err(WebhookError::Certificate("waiting for cert-manager to create the Secret".into())),
+        Ok(Some(secret)) => certmanager::from_secret(&secret).unwrap_or_else(|| {
+            Err(WebhookError::Certificate(
+                "cert-manager has not filled the Secret yet".into(),
+            ))
+        }),
+        Ok(None) => Err(WebhookError::Certificate(
+            "waiting for cert-manager to create the Secret".into(),
+        )),
         Err(e) => Err(WebhookError::kube("reading the webhook Secret")(e)),
     }
 }
@@ -266,12 +287,23 @@ async fn keep_certificates(client: Client, resolver: Arc<CertResolver>, settings
     let keep_previous = interval * 3 + RECONFIGURE_EVERY;
     let mut configured: Option<(String, Vec<String>, Instant)> = None;
     let mut trust = Trust::default();
-    let builtin = certs::BuiltinCa::new(client.clone(), &settings.namespace, &settings.secret, settings.policy.clone(), settings.sans());
+    let builtin = certs::BuiltinCa::new(
+        client.clone(),
+        &settings.namespace,
+        &settings.secret,
+        settings.policy.clone(),
+        settings.sans(),
+    );
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
     let mut rendered_cert_manager = false;
     loop {
         if settings.cert_manager && !rendered_cert_manager {
-            let objects = certmanager::render(&settings.namespace, &settings.secret, &settings.sans(), &settings.policy);
+            let objects = certmanager::render(
+                &settings.namespace,
+                &settings.secret,
+                &settings.sans(),
+                &settings.policy,
+            );
             match certmanager::apply(&client, &objects).await {
                 Ok(()) => rendered_cert_manager = true,
                 Err(e) => tracing::warn!(error = %e, "cert-manager objects not applied (is cert-manager installed?)"),
@@ -306,9 +338,14 @@ async fn keep_certificates(client: Client, resolver: Arc<CertResolver>, settings
 
 /// Points the ValidatingWebhookConfiguration and the CRDs at this webhook with `bundle`.
 async fn configure(client: &Client, settings: &Settings, kinds: &[KindInfo], bundle: &str) -> Result<(), WebhookError> {
-    let inject_from = settings.cert_manager.then(|| certmanager::inject_ca_from(&settings.namespace));
+    let inject_from = settings
+        .cert_manager
+        .then(|| certmanager::inject_ca_from(&settings.namespace));
     if matches!(settings.configure, Configure::All | Configure::Validating) {
-        let scope = config::Scope { name: &settings.configuration, namespace: settings.watch_namespace.as_deref() };
+        let scope = config::Scope {
+            name: &settings.configuration,
+            namespace: settings.watch_namespace.as_deref(),
+        };
         let refs: Vec<&KindInfo> = kinds.iter().collect();
         let mut vwc = config::validating_configuration(&scope, &settings.endpoint, &refs, Some(bundle));
         if let Some(from) = &inject_from {
@@ -318,7 +355,8 @@ async fn configure(client: &Client, settings: &Settings, kinds: &[KindInfo], bun
     }
     if matches!(settings.configure, Configure::All | Configure::Conversion) {
         for kind in kinds.iter().filter(|k| k.versions.len() > 1) {
-            config::patch_crd_conversion(client, kind, &settings.endpoint, Some(bundle), inject_from.as_deref()).await?;
+            config::patch_crd_conversion(client, kind, &settings.endpoint, Some(bundle), inject_from.as_deref())
+                .await?;
         }
     }
     tracing::info!(configuration = %settings.configuration, "webhook configuration points at this webhook");
@@ -342,7 +380,10 @@ mod tests {
     #[test]
     fn a_new_ca_is_trusted_beside_the_previous_one_for_a_while() {
         use base64::Engine as _;
-        let decode = |b: String| String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b).unwrap_or_default()).unwrap_or_default();
+        let decode = |b: String| {
+            String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b).unwrap_or_default())
+                .unwrap_or_default()
+        };
         let mut trust = Trust::default();
         assert!(!trust.observe("A\n"));
         assert_eq!(decode(trust.bundle(Duration::from_secs(60))), "A\n");

@@ -46,7 +46,9 @@ pub fn service_sans(objects: &[Value], instance: &str, namespace: &str) -> Vec<S
         if o["kind"] != "Service" || o.pointer(INSTANCE_POINTER) != Some(&json!(instance)) {
             continue;
         }
-        let Some(name) = o.pointer("/metadata/name").and_then(Value::as_str) else { continue };
+        let Some(name) = o.pointer("/metadata/name").and_then(Value::as_str) else {
+            continue;
+        };
         names.extend(certs::service_sans(name, namespace));
         if o.pointer("/spec/clusterIP").and_then(Value::as_str) == Some("None") {
             names.insert(format!("*.{name}.{namespace}.svc"));
@@ -78,22 +80,43 @@ pub fn issue(ca: &Material, sans: &[String], policy: &CertPolicy) -> Result<Issu
 
 /// Whether a certificate Secret (its annotations as issued) needs a new certificate: missing,
 /// under the threshold, or for other names.
-pub fn renewal_due(annotations: Option<&BTreeMap<String, String>>, sans: &[String], policy: &CertPolicy, now_unix: i64) -> bool {
+pub fn renewal_due(
+    annotations: Option<&BTreeMap<String, String>>,
+    sans: &[String],
+    policy: &CertPolicy,
+    now_unix: i64,
+) -> bool {
     let Some(a) = annotations else { return true };
-    let not_after = a.get(certs::CERT_NOT_AFTER).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+    let not_after = a
+        .get(certs::CERT_NOT_AFTER)
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(0);
     let threshold = i64::try_from(policy.renew_before.as_secs()).unwrap_or(i64::MAX);
-    let names: Vec<&str> = a.get(certs::CERT_SANS).map(|s| s.split(',').collect()).unwrap_or_default();
+    let names: Vec<&str> = a
+        .get(certs::CERT_SANS)
+        .map(|s| s.split(',').collect())
+        .unwrap_or_default();
     not_after - now_unix < threshold || names != sans.iter().map(String::as_str).collect::<Vec<_>>()
 }
 
 /// Names of the Secrets a pod template mounts (secret volumes and projected sources).
 pub fn mounted_secrets(pod_template: &Value) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for v in pod_template.pointer("/spec/volumes").and_then(Value::as_array).into_iter().flatten() {
+    for v in pod_template
+        .pointer("/spec/volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         if let Some(n) = v.pointer("/secret/secretName").and_then(Value::as_str) {
             out.insert(n.to_string());
         }
-        for s in v.pointer("/projected/sources").and_then(Value::as_array).into_iter().flatten() {
+        for s in v
+            .pointer("/projected/sources")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if let Some(n) = s.pointer("/secret/name").and_then(Value::as_str) {
                 out.insert(n.to_string());
             }
@@ -108,7 +131,9 @@ pub fn mounted_secrets(pod_template: &Value) -> BTreeSet<String> {
 /// certificate never rolls a pod and a renewed one rolls them (one at a time, the
 /// StatefulSet's RollingUpdate).
 pub fn stamp_pod_template(statefulset: &mut Value, certificates: &BTreeMap<String, String>) -> bool {
-    let Some(template) = statefulset.pointer_mut("/spec/template") else { return false };
+    let Some(template) = statefulset.pointer_mut("/spec/template") else {
+        return false;
+    };
     let mounted: Vec<(&String, &String)> = mounted_secrets(template)
         .into_iter()
         .filter_map(|n| certificates.get_key_value(&n))
@@ -147,7 +172,10 @@ pub struct CertificateKeeper {
 impl CertificateKeeper {
     fn api<K>(&self, namespace: Option<&str>) -> kube::Api<K>
     where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
         K::DynamicType: Default,
     {
         match namespace.or(self.namespace.as_deref()) {
@@ -175,7 +203,13 @@ impl CertificateKeeper {
         use k8s_openapi::api::core::v1::{Secret, Service};
         use kube::api::{ListParams, Patch, PatchParams};
         let ca_api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), &self.ca_secret.0);
-        let Some(ca) = ca_api.get_opt(&self.ca_secret.1).await.map_err(WebhookError::kube("reading the CA Secret"))?.as_ref().and_then(Material::from_secret) else {
+        let Some(ca) = ca_api
+            .get_opt(&self.ca_secret.1)
+            .await
+            .map_err(WebhookError::kube("reading the CA Secret"))?
+            .as_ref()
+            .and_then(Material::from_secret)
+        else {
             return Ok(0);
         };
         let secrets: kube::Api<Secret> = self.api(None);
@@ -187,19 +221,41 @@ impl CertificateKeeper {
         let mut issued = 0;
         let mut by_namespace: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         for secret in wanted {
-            let (Some(ns), Some(name)) = (secret.metadata.namespace.clone(), secret.metadata.name.clone()) else { continue };
-            let Some(instance) = secret.metadata.labels.as_ref().and_then(|l| l.get(INSTANCE_LABEL)).cloned() else { continue };
+            let (Some(ns), Some(name)) = (secret.metadata.namespace.clone(), secret.metadata.name.clone()) else {
+                continue;
+            };
+            let Some(instance) = secret
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(INSTANCE_LABEL))
+                .cloned()
+            else {
+                continue;
+            };
             let services: kube::Api<Service> = self.api(Some(&ns));
             let listed = services
                 .list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={instance}")))
                 .await
                 .map_err(WebhookError::kube("listing an instance's Services"))?;
-            let objects: Vec<Value> = listed.items.iter().filter_map(|s| serde_json::to_value(s).ok()).map(|mut v| {
-                v["kind"] = json!("Service");
-                v
-            }).collect();
+            let objects: Vec<Value> = listed
+                .items
+                .iter()
+                .filter_map(|s| serde_json::to_value(s).ok())
+                .map(|mut v| {
+                    v["kind"] = json!("Service");
+                    v
+                })
+                .collect();
             let sans = service_sans(&objects, &instance, &ns);
-            let text = |k: &str| secret.data.as_ref().and_then(|d| d.get(k)).map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
+            let text = |k: &str| {
+                secret
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(k))
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                    .unwrap_or_default()
+            };
             let current_ca = text(certs::CA_CRT) == ca.ca_pem;
             let pem = if sans.is_empty() {
                 continue;
@@ -225,9 +281,14 @@ impl CertificateKeeper {
         }
         for (ns, certificates) in by_namespace {
             let sets: kube::Api<StatefulSet> = self.api(Some(&ns));
-            let listed = sets.list(&ListParams::default().labels(INSTANCE_LABEL)).await.map_err(WebhookError::kube("listing StatefulSets"))?;
+            let listed = sets
+                .list(&ListParams::default().labels(INSTANCE_LABEL))
+                .await
+                .map_err(WebhookError::kube("listing StatefulSets"))?;
             for sts in listed {
-                let Some(name) = sts.metadata.name.clone() else { continue };
+                let Some(name) = sts.metadata.name.clone() else {
+                    continue;
+                };
                 let mut value = serde_json::to_value(&sts).unwrap_or_default();
                 let before = value.pointer(POD_ANNOTATION_POINTER).cloned();
                 if !stamp_pod_template(&mut value, &certificates) {
@@ -235,8 +296,11 @@ impl CertificateKeeper {
                 }
                 let after = value.pointer(POD_ANNOTATION_POINTER).cloned();
                 if before != after {
-                    let patch = json!({ "spec": { "template": { "metadata": { "annotations": { POD_ANNOTATION: after } } } } });
-                    sets.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(WebhookError::kube("stamping a StatefulSet"))?;
+                    let patch =
+                        json!({ "spec": { "template": { "metadata": { "annotations": { POD_ANNOTATION: after } } } } });
+                    sets.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map_err(WebhookError::kube("stamping a StatefulSet"))?;
                     tracing::info!(namespace = %ns, statefulset = %name, "certificate changed: pods roll");
                 }
             }
@@ -261,18 +325,35 @@ mod tests {
 
     #[test]
     fn pointers_name_the_keys() {
-        assert_eq!(INSTANCE_POINTER, format!("/metadata/labels/{}", INSTANCE_LABEL.replacen('/', "~1", 1)));
-        assert_eq!(POD_ANNOTATION_POINTER, format!("/spec/template/metadata/annotations/{}", POD_ANNOTATION.replacen('/', "~1", 1)));
+        assert_eq!(
+            INSTANCE_POINTER,
+            format!("/metadata/labels/{}", INSTANCE_LABEL.replacen('/', "~1", 1))
+        );
+        assert_eq!(
+            POD_ANNOTATION_POINTER,
+            format!(
+                "/spec/template/metadata/annotations/{}",
+                POD_ANNOTATION.replacen('/', "~1", 1)
+            )
+        );
     }
 
     #[test]
     fn names_come_from_the_instance_services_only() {
-        let objects = vec![service("db", "db", false), service("db-headless", "db", true), service("other", "other", false), json!({"kind": "ConfigMap"})];
+        let objects = vec![
+            service("db", "db", false),
+            service("db-headless", "db", true),
+            service("other", "other", false),
+            json!({"kind": "ConfigMap"}),
+        ];
         let sans = service_sans(&objects, "db", "ns");
         assert!(sans.contains(&"db.ns.svc".to_string()));
         assert!(sans.contains(&"*.db-headless.ns.svc.cluster.local".to_string()));
         assert!(!sans.iter().any(|n| n.starts_with("other")), "{sans:?}");
-        assert!(!sans.iter().any(|n| n.starts_with("*.db.")), "a non-headless Service got a wildcard: {sans:?}");
+        assert!(
+            !sans.iter().any(|n| n.starts_with("*.db.")),
+            "a non-headless Service got a wildcard: {sans:?}"
+        );
     }
 
     #[test]
@@ -280,43 +361,72 @@ mod tests {
         use rustls::client::danger::ServerCertVerifier as _;
         use rustls::pki_types::pem::PemObject as _;
         use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-        let policy = CertPolicy { cert_lifetime: Duration::from_secs(3600), renew_before: Duration::from_secs(600), ca_lifetime: Duration::from_secs(86400) };
+        let policy = CertPolicy {
+            cert_lifetime: Duration::from_secs(3600),
+            renew_before: Duration::from_secs(600),
+            ca_lifetime: Duration::from_secs(86400),
+        };
         let ca = certs::issue_all(&policy, &["unused".to_string()]).expect("ca");
         let sans = service_sans(&[service("db-headless", "db", true)], "db", "ns");
         let (data, annotations) = issue(&ca, &sans, &policy).expect("issue");
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from_pem_slice(data["ca.crt"].as_bytes()).expect("ca pem")).expect("root");
+        roots
+            .add(CertificateDer::from_pem_slice(data["ca.crt"].as_bytes()).expect("ca pem"))
+            .expect("root");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build().expect("verifier");
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .expect("verifier");
         let leaf = CertificateDer::from_pem_slice(data["tls.crt"].as_bytes()).expect("leaf");
         let pod = ServerName::try_from("db-0.db-headless.ns.svc.cluster.local").expect("name");
-        verifier.verify_server_cert(&leaf, &[], &pod, &[], UnixTime::now()).expect("pod name verifies");
+        verifier
+            .verify_server_cert(&leaf, &[], &pod, &[], UnixTime::now())
+            .expect("pod name verifies");
         let stranger = ServerName::try_from("db-0.other.ns.svc.cluster.local").expect("name");
-        assert!(verifier.verify_server_cert(&leaf, &[], &stranger, &[], UnixTime::now()).is_err());
+        assert!(verifier
+            .verify_server_cert(&leaf, &[], &stranger, &[], UnixTime::now())
+            .is_err());
 
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         assert!(!renewal_due(Some(&annotations), &sans, &policy, now));
-        assert!(renewal_due(Some(&annotations), &sans, &policy, now + 3100), "under the threshold");
-        assert!(renewal_due(Some(&annotations), &["x".to_string()], &policy, now), "names changed");
+        assert!(
+            renewal_due(Some(&annotations), &sans, &policy, now + 3100),
+            "under the threshold"
+        );
+        assert!(
+            renewal_due(Some(&annotations), &["x".to_string()], &policy, now),
+            "names changed"
+        );
         assert!(renewal_due(None, &sans, &policy, now));
     }
 
     #[test]
     fn pod_template_hash_follows_mounted_certificates_only() {
         let sts = |volumes: Value| json!({"kind": "StatefulSet", "spec": {"template": {"spec": {"volumes": volumes}}}});
-        let mut mounted = sts(json!([{"name": "tls", "secret": {"secretName": "db-tls"}}, {"name": "p", "projected": {"sources": [{"secret": {"name": "db-extra"}}]}}]));
+        let mut mounted = sts(
+            json!([{"name": "tls", "secret": {"secretName": "db-tls"}}, {"name": "p", "projected": {"sources": [{"secret": {"name": "db-extra"}}]}}]),
+        );
         let certs_a = BTreeMap::from([("db-tls".to_string(), "A".to_string())]);
         let certs_b = BTreeMap::from([("db-tls".to_string(), "B".to_string())]);
         assert!(stamp_pod_template(&mut mounted, &certs_a));
         let a = mounted["spec"]["template"]["metadata"]["annotations"][POD_ANNOTATION].clone();
         assert!(stamp_pod_template(&mut mounted, &certs_a));
-        assert_eq!(mounted["spec"]["template"]["metadata"]["annotations"][POD_ANNOTATION], a, "same certificate, same hash");
+        assert_eq!(
+            mounted["spec"]["template"]["metadata"]["annotations"][POD_ANNOTATION], a,
+            "same certificate, same hash"
+        );
         assert!(stamp_pod_template(&mut mounted, &certs_b));
-        assert_ne!(mounted["spec"]["template"]["metadata"]["annotations"][POD_ANNOTATION], a, "a renewed certificate must roll");
+        assert_ne!(
+            mounted["spec"]["template"]["metadata"]["annotations"][POD_ANNOTATION], a,
+            "a renewed certificate must roll"
+        );
         let mut unrelated = sts(json!([{"name": "cfg", "configMap": {"name": "db-config"}}]));
         assert!(!stamp_pod_template(&mut unrelated, &certs_a));
         assert!(unrelated["spec"]["template"].get("metadata").is_none());
-        assert!(is_certificate_request(&[(CERTIFICATE_LABEL.to_string(), "server".to_string())]));
+        assert!(is_certificate_request(&[(
+            CERTIFICATE_LABEL.to_string(),
+            "server".to_string()
+        )]));
         assert!(!is_certificate_request(&[]));
     }
 }

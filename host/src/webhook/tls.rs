@@ -38,13 +38,18 @@ impl ServingCert {
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
             .collect::<Result<_, _>>()
             .map_err(|e| WebhookError::Certificate(format!("certificate PEM: {e}")))?;
-        let leaf = chain.first().ok_or_else(|| WebhookError::Certificate("no certificate in PEM".into()))?;
+        let leaf = chain
+            .first()
+            .ok_or_else(|| WebhookError::Certificate("no certificate in PEM".into()))?;
         let fingerprint = hex::encode(Sha256::digest(leaf.as_ref()));
         let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
             .map_err(|e| WebhookError::Certificate(format!("key PEM: {e}")))?;
-        let signing = provider::sign::any_supported_type(&key)
-            .map_err(|e| WebhookError::Certificate(format!("key: {e}")))?;
-        Ok(Self { key: Arc::new(CertifiedKey::new(chain, signing)), fingerprint })
+        let signing =
+            provider::sign::any_supported_type(&key).map_err(|e| WebhookError::Certificate(format!("key: {e}")))?;
+        Ok(Self {
+            key: Arc::new(CertifiedKey::new(chain, signing)),
+            fingerprint,
+        })
     }
 }
 
@@ -68,13 +73,21 @@ impl CertResolver {
 
     /// Fingerprint of the certificate being served, if any.
     pub fn fingerprint(&self) -> Option<String> {
-        self.current.read().unwrap_or_else(PoisonError::into_inner).as_ref().map(|c| c.fingerprint.clone())
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|c| c.fingerprint.clone())
     }
 }
 
 impl ResolvesServerCert for CertResolver {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current.read().unwrap_or_else(PoisonError::into_inner).as_ref().map(|c| Arc::clone(&c.key))
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|c| Arc::clone(&c.key))
     }
 }
 
