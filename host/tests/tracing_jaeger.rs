@@ -8,7 +8,9 @@
 //! - in process: a plugin's `log` call becomes an event of its `plugin.call` span in Jaeger, and
 //!   a webhook span starts a trace of its own.
 //! - in process: with the endpoint on a closed port, spans are dropped and counted
-//!   (`queue_full`, `export_failed`), never blocking the code that makes them.
+//!   (`queue_full`, `export_failed`), never blocking the code that makes them; the operator
+//!   pointed at a closed port reconciles a CR to Running as usual and counts the lost spans.
+//! - with export off, JSON log lines inside spans still carry W3C trace and span ids.
 //!
 //! Run: `scripts/build-plugins && cargo test -p stateward --test tracing_jaeger`
 //! (the cluster tests need `tests/cluster/up`, as the other e2e tests).
@@ -401,8 +403,17 @@ async fn operator_reconcile_trace_reaches_jaeger_with_its_tree() {
         "{metrics}"
     );
     assert!(sum_metric(&metrics, "stateward_reconcile_total", &["result=\"success\""]) >= 1.0);
-    assert!(metrics.contains("process_resident_memory_bytes "), "process metrics present");
-    assert!(sum_metric(&metrics, "stateward_reconcile_duration_seconds_count", &["result=\"success\""]) >= 1.0);
+    assert!(
+        metrics.contains("process_resident_memory_bytes "),
+        "process metrics present"
+    );
+    assert!(
+        sum_metric(
+            &metrics,
+            "stateward_reconcile_duration_seconds_count",
+            &["result=\"success\""]
+        ) >= 1.0
+    );
     // Prometheus' own linter on the live exposition, counts and all.
     let out = promtool_check(&to_classic(&metrics));
     assert!(
@@ -434,15 +445,22 @@ fn promtool_check(exposition: &str) -> std::process::Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run promtool");
-    child.stdin.take().expect("stdin").write_all(exposition.as_bytes()).expect("feed promtool");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(exposition.as_bytes())
+        .expect("feed promtool");
     child.wait_with_output().expect("promtool output")
 }
 
 /// OpenMetrics to the classic text format `promtool check metrics` reads: counter families are
 /// named with their `_total`, and `# UNIT` / `# EOF` go.
 fn to_classic(openmetrics: &str) -> String {
-    let counters: Vec<&str> =
-        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let counters: Vec<&str> = openmetrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
     let mut out = String::new();
     for line in openmetrics.lines() {
         if line == "# EOF" || line.starts_with("# UNIT ") {
@@ -649,4 +667,42 @@ fn json_log_lines_carry_the_trace_ids_with_export_off() {
         "no trace outside spans: {}",
         lines[4]
     );
+}
+
+/// The operator exporting to a closed port reconciles a CR to Running as usual, while its
+/// `/metrics` shows the spans it could not deliver.
+#[tokio::test]
+async fn operator_with_a_dead_collector_reconciles_normally() {
+    let env = TestEnv::new("e2e-deadotel").await.expect("test env");
+    let _teardown = Teardown::new(&env);
+    let closed = free_port();
+    let mut operator = Operator::start_with(
+        &env,
+        "dead-collector",
+        OperatorOpts {
+            namespace: env.namespace.clone(),
+            lease_namespace: env.namespace.clone(),
+            env: vec![
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+                    format!("http://127.0.0.1:{closed}"),
+                ),
+                ("OTEL_BSP_MAX_QUEUE_SIZE".into(), "16".into()),
+            ],
+            ..Default::default()
+        },
+    );
+    operator.wait_ready(Duration::from_secs(60)).await;
+    apply(&env, &env.namespace, &POSTGRES.manifest("undeterred", 1, "Retain"));
+    let took = wait_running(&env, POSTGRES, "undeterred", 1, Duration::from_secs(120)).await;
+    eprintln!("tracing: Running 1/1 in {took:.1?} with the collector down");
+    let (lost, _) = poll("failed exports counted", Duration::from_secs(30), || {
+        let (_, metrics) = operator.get("/metrics").ok()?;
+        let lost = sum_metric(&metrics, "stateward_otel_spans_dropped_total", &[]);
+        (lost > 0.0).then_some((lost, metrics))
+    });
+    let (lost, metrics) = lost;
+    assert_eq!(sum_metric(&metrics, "stateward_otel_spans_exported_total", &[]), 0.0);
+    assert!(sum_metric(&metrics, "stateward_reconcile_total", &["result=\"success\""]) >= 1.0);
+    eprintln!("tracing: {lost} spans dropped, reconciles unaffected");
 }
