@@ -1,5 +1,6 @@
-//! Telemetry for the operator (DESIGN.md §7): one Prometheus registry, the plain HTTP port that
-//! serves it together with health and debug endpoints, and the `tracing` log setup.
+//! Telemetry for the operator (DESIGN.md §7): one Prometheus registry (with the `process_*`
+//! metrics), the plain HTTP port that serves it together with health and debug endpoints, the
+//! `tracing` log setup, and OTLP trace export with trace ids in logs and audit records.
 //!
 //! Kept apart from the controller so the reconcile code only calls small recording methods and
 //! never deals with metric families, HTTP routing or subscriber wiring.
