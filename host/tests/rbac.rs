@@ -245,6 +245,30 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     ("reload/mod.rs", "Recorder::new", 1),
     // Not an API call: LiveGate::replace (a new policy bundle).
     ("reload/mod.rs", ".replace(", 1),
+    // The webhook's own permissions are in deploy/webhook/{clusterrole,role}.yaml (and
+    // deploy/webhook/cert-manager/ for --cert-manager); its service certificates use the
+    // child permissions above (list/patch of Secrets, Services, StatefulSets).
+    // Issuer/Certificate server-side apply (cert-manager mode).
+    ("webhook/certmanager.rs", ".patch(", 1),
+    ("webhook/certmanager.rs", "Api::namespaced", 1),
+    // The CA/serving Secret stateward-webhook-tls: get, create when absent, replace (CAS).
+    ("webhook/certs.rs", ".create(", 1),
+    ("webhook/certs.rs", ".get_opt(", 1),
+    ("webhook/certs.rs", ".replace(", 1),
+    ("webhook/certs.rs", "Api::namespaced", 1),
+    // ValidatingWebhookConfiguration apply, CRD conversion caBundle merge patch.
+    ("webhook/config.rs", ".patch(", 2),
+    ("webhook/config.rs", "Api::all", 1),
+    // Reads the webhook Secret (readiness of the certificate).
+    ("webhook/mod.rs", ".get_opt(", 1),
+    ("webhook/mod.rs", "Api::namespaced", 1),
+    // CertificateKeeper: CA Secret get; labelled Secrets, instance Services and StatefulSets
+    // listed; certificate Secrets and pod-template annotations merge-patched.
+    ("webhook/service_certs.rs", ".get_opt(", 1),
+    ("webhook/service_certs.rs", ".list(", 3),
+    ("webhook/service_certs.rs", ".patch(", 2),
+    ("webhook/service_certs.rs", "Api::all", 1),
+    ("webhook/service_certs.rs", "Api::namespaced", 2),
     // Lease create / replace (acquire, renew, release) / get_opt (twice).
     ("leader.rs", ".create(", 1),
     ("leader.rs", ".replace(", 2),
@@ -498,7 +522,7 @@ fn rbac_yaml_grants_exactly_the_table() -> anyhow::Result<()> {
 }
 
 /// Static: deploy/kustomization.yaml installs every CRD, the cluster-wide RBAC, the
-/// operator-namespace RBAC and the operator, and not the namespaced variant.
+/// operator-namespace RBAC, the operator and its webhook, and not the namespaced variant.
 #[test]
 fn kustomization_lists_the_cluster_wide_install() -> anyhow::Result<()> {
     let kustomization = load_one("deploy/kustomization.yaml")?;
@@ -510,7 +534,7 @@ fn kustomization_lists_the_cluster_wide_install() -> anyhow::Result<()> {
         );
     }
     let mut want = BTreeSet::new();
-    for dir in ["crds", "rbac/cluster", "rbac/operator-namespace", "operator"] {
+    for dir in ["crds", "rbac/cluster", "rbac/operator-namespace", "operator", "webhook"] {
         for entry in std::fs::read_dir(root().join("deploy").join(dir))? {
             let name = entry?.file_name().to_string_lossy().into_owned();
             if name.ends_with(".yaml") {
