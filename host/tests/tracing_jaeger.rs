@@ -270,6 +270,11 @@ async fn operator_reconcile_trace_reaches_jaeger_with_its_tree() {
                 ("OTEL_EXPORTER_OTLP_PROTOCOL".into(), "http/protobuf".into()),
                 ("OTEL_SERVICE_NAME".into(), service.clone()),
                 ("OTEL_TRACES_SAMPLER".into(), "parentbased_always_on".into()),
+                // The per-action debug lines, so the reconcile has log lines to check.
+                (
+                    "RUST_LOG".into(),
+                    "info,kube=warn,tower=warn,hyper=warn,stateward::controller::reconcile=debug".into(),
+                ),
             ],
             ..Default::default()
         },
@@ -390,11 +395,31 @@ async fn operator_reconcile_trace_reaches_jaeger_with_its_tree() {
         })
         .collect();
     assert!(
-        in_reconciles
-            .iter()
-            .all(|l| l["trace_id"].as_str().is_some_and(|t| t.len() == 32)),
+        !in_reconciles.is_empty()
+            && in_reconciles
+                .iter()
+                .all(|l| l["trace_id"].as_str().is_some_and(|t| t.len() == 32)),
         "every log line inside a reconcile has a trace_id: {in_reconciles:#?}"
     );
+    // This reconcile's lines (one per action) carry its trace id, the id of their apply span,
+    // and the fields of the spans around them (the inner apply span's kind/name win; the
+    // namespace and generation come from reconcile).
+    let ours: Vec<&&Value> = in_reconciles.iter().filter(|l| l["trace_id"] == trace_id).collect();
+    assert_eq!(
+        ours.len(),
+        applies.len(),
+        "one debug line per action in this trace: {ours:#?}"
+    );
+    for l in &ours {
+        let span = applies
+            .iter()
+            .find(|s| l["span_id"].as_str() == Some(s.id.as_str()))
+            .unwrap_or_else(|| panic!("a line names its apply span: {l}"));
+        assert_eq!(l["name"].as_str(), Some(tag_str(span, "name")), "{l}");
+        assert_eq!(l["verb"].as_str(), Some(tag_str(span, "verb")), "{l}");
+        assert_eq!(l["namespace"].as_str(), Some(env.namespace.as_str()), "{l}");
+        assert_eq!(l["generation"].as_i64(), Some(1), "{l}");
+    }
 
     // /metrics counts what was exported, and the reconcile families have real counts.
     let (_, metrics) = operator.get("/metrics").expect("scrape /metrics");
