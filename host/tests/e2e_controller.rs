@@ -544,6 +544,7 @@ async fn delete_retain_keeps_claims_and_delete_removes_them() {
     );
     let secrets = child_names(&env, &env.namespace, "secrets", name);
     eprintln!("e2e[retain]: secrets left after delete (Retain): {secrets:?}");
+    assert!(secrets.contains(&format!("secret/{name}-credentials")), "Retain keeps the credentials: {secrets:?}");
 
     // Same name again: the StatefulSet's claim templates resolve to the retained claims.
     apply(&env, &env.namespace, &kind.manifest(name, 2, "Delete"));
@@ -586,6 +587,7 @@ async fn delete_retain_keeps_claims_and_delete_removes_them() {
     eprintln!(
         "e2e[retain]: Delete: CR gone in {gone:.1?}, children {collected:.1?}, claims {pvcs_gone:.1?} later; secrets left: {secrets:?}"
     );
+    assert!(!secrets.contains(&format!("secret/{name}-credentials")), "Delete takes the credentials too: {secrets:?}");
     assert!(op.exited().is_none(), "operator died");
 }
 

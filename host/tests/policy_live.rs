@@ -41,6 +41,20 @@ async fn privileged_plan_is_denied_audited_and_never_applied() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
+    // The shipped bundle, with the fixture on the plugins allow-list (the operator checks its
+    // built-in plugins against plugins.rego before it starts).
+    let policies = tempdir::Dir::new("policy-bundle");
+    for entry in std::fs::read_dir(workspace_root().join("policies")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, policies.0.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let data_path = policies.0.join("data.json");
+    let mut data: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&data_path).unwrap()).unwrap();
+    data["stateward"]["config"]["plugins"]["allowed"]["hostile"] = json!({"digests": []});
+    std::fs::write(&data_path, data.to_string()).unwrap();
+
     let mut op = Operator::start_with(
         &env,
         "policy",
@@ -48,6 +62,7 @@ async fn privileged_plan_is_denied_audited_and_never_applied() {
             namespace: env.namespace.clone(),
             lease_namespace: env.namespace.clone(),
             plugin_dir: Some(dir.0.clone()),
+            policy_dir: Some(policies.0.clone()),
             ..Default::default()
         },
     );

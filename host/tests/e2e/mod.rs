@@ -128,7 +128,8 @@ pub fn plugin_dir() -> PathBuf {
     dir
 }
 
-fn wasm_cache() -> PathBuf {
+/// The operator's precompiled-plugin cache in these tests.
+pub fn wasm_cache() -> PathBuf {
     target_dir().join("e2e-wasm-cache")
 }
 
@@ -222,6 +223,10 @@ pub struct OperatorOpts {
     pub webhook_args: Vec<String>,
     /// Extra environment variables (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`).
     pub env: Vec<(String, String)>,
+    /// Extra arguments of `stateward run` (e.g. `--sweep-interval 2`).
+    pub args: Vec<String>,
+    /// Policy bundle instead of the shipped policies/.
+    pub policy_dir: Option<PathBuf>,
 }
 
 /// The operator binary as a child process. Killed (SIGKILL) on drop; its log is printed when
@@ -309,7 +314,7 @@ impl Operator {
             .arg("--wasm-cache")
             .arg(wasm_cache())
             .arg("--policy-dir")
-            .arg(workspace_root().join("policies"))
+            .arg(opts.policy_dir.clone().unwrap_or_else(|| workspace_root().join("policies")))
             .stdin(Stdio::null())
             .stdout(file)
             .stderr(err);
@@ -321,6 +326,7 @@ impl Operator {
         } else {
             cmd.args(&opts.webhook_args);
         }
+        cmd.args(&opts.args);
         cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
         let child = cmd.spawn().expect("spawn stateward run");
         eprintln!(

@@ -273,7 +273,7 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
 /// (its pods hold the claims) and every data claim of this cluster; done when none is left.
 pub fn finalize(input: &Observed) -> Result<Cleanup, String> {
     let obj = parse_object(&input.resource).map_err(|e| format!("resource: {}", e.message))?;
-    let children = parse_children(&input.children, &["StatefulSet", "PersistentVolumeClaim"])?;
+    let children = parse_children(&input.children, &["StatefulSet", "PersistentVolumeClaim", "Secret"])?;
     let name = str_at(&obj, &["metadata", "name"]).ok_or("resource: metadata.name is missing")?;
     let retention = match str_at(&obj, &["spec", "retentionPolicy"]) {
         Some("Delete") => Retention::Delete,
@@ -291,6 +291,9 @@ pub fn finalize(input: &Observed) -> Result<Cleanup, String> {
         });
     }
     let claim_prefix = format!("{DATA_VOLUME}-{name}-");
+    // The credentials outlive a Retain delete (a new resource of the same name reuses them
+    // with its volumes); with Delete they go with the data.
+    let credentials = format!("{name}-credentials");
     let mut actions = Vec::new();
     for child in &children {
         let kind = str_at(child, &["kind"]).unwrap_or_default();
@@ -299,6 +302,7 @@ pub fn finalize(input: &Observed) -> Result<Cleanup, String> {
         let target = match kind {
             "StatefulSet" if child_name == name => Some("apps/v1"),
             "PersistentVolumeClaim" if ours && child_name.starts_with(&claim_prefix) => Some("v1"),
+            "Secret" if ours && child_name == credentials => Some("v1"),
             _ => None,
         };
         if let Some(api_version) = target {

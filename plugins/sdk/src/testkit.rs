@@ -372,6 +372,14 @@ macro_rules! plugin_suite {
 
                 let mut children = tk::applied(&p);
                 children.extend([tk::pvc("main", 0), tk::pvc("main", 1), tk::pvc("other", 0)]);
+                // The credentials go with a Delete (another instance's never).
+                for owner in ["main", "other"] {
+                    let name = format!("{owner}-credentials");
+                    if !children.iter().any(|c| c["kind"] == "Secret" && c["metadata"]["name"] == name.as_str()) {
+                        children.push(json!({"apiVersion": "v1", "kind": "Secret",
+                            "metadata": {"name": name, "labels": {"stateward.dev/instance": owner}}}));
+                    }
+                }
                 let keep = <$ty>::finalize(tk::observed(&base(), &children)).unwrap();
                 assert!(keep.done && keep.actions.is_empty());
                 let c = <$ty>::finalize(tk::observed(&del, &children)).unwrap();
@@ -380,7 +388,9 @@ macro_rules! plugin_suite {
                     Action::Delete(r) => format!("{}/{}", r.kind, r.name),
                     other => panic!("unexpected {other:?}"),
                 }).collect();
-                assert_eq!(deleted, ["StatefulSet/main", "PersistentVolumeClaim/data-main-0", "PersistentVolumeClaim/data-main-1"]);
+                let mut deleted = deleted;
+                deleted.sort();
+                assert_eq!(deleted, ["PersistentVolumeClaim/data-main-0", "PersistentVolumeClaim/data-main-1", "Secret/main-credentials", "StatefulSet/main"]);
                 let rest: Vec<Value> = children.into_iter().filter(|c| c["kind"] == "Service").collect();
                 assert!(<$ty>::finalize(tk::observed(&del, &rest)).unwrap().done);
             }
