@@ -50,9 +50,27 @@ pub struct Kind {
 }
 
 pub const KINDS: [Kind; 3] = [
-    Kind { kind: "PostgresCluster", plural: "postgresclusters", prefix: "pg", version: "17.2", storage: "1Gi" },
-    Kind { kind: "RedisCluster", plural: "redisclusters", prefix: "redis", version: "7.4.1", storage: "512Mi" },
-    Kind { kind: "ElasticsearchCluster", plural: "elasticsearchclusters", prefix: "es", version: "8.15.3", storage: "1Gi" },
+    Kind {
+        kind: "PostgresCluster",
+        plural: "postgresclusters",
+        prefix: "pg",
+        version: "17.2",
+        storage: "1Gi",
+    },
+    Kind {
+        kind: "RedisCluster",
+        plural: "redisclusters",
+        prefix: "redis",
+        version: "7.4.1",
+        storage: "512Mi",
+    },
+    Kind {
+        kind: "ElasticsearchCluster",
+        plural: "elasticsearchclusters",
+        prefix: "es",
+        version: "8.15.3",
+        storage: "1Gi",
+    },
 ];
 
 impl Kind {
@@ -128,6 +146,8 @@ pub struct Report {
     pub baseline_writes_per_cr: Option<f64>,
     /// Operator writes (API server's count, Events excluded) per resource until it settled.
     pub writes_per_cr: f64,
+    /// Of those, writes to the custom resource itself (finalizer) and its status.
+    pub resource_writes_per_cr: f64,
     pub events_per_cr: f64,
     /// `stateward_api_writes_total` per resource over the same interval.
     pub metric_writes_per_cr: f64,
@@ -166,13 +186,13 @@ impl Report {
 /// Markdown table of several runs, one row each.
 pub fn table(reports: &[Report]) -> String {
     let mut s = String::from(
-        "| N | operator | baseline (apply) | ratio | writes/CR (children+2) | events/CR | steady writes | peak RSS | CPU | reconcile p50 | p99 | storm |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| N | operator | baseline (apply) | ratio | writes/CR (target children+2) | of which CR+status | events/CR | steady writes | peak RSS | CPU | reconcile p50 | p99 | storm |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in reports {
         let opt = |v: Option<f64>, unit: &str| v.map_or("–".to_string(), |v| format!("{v:.1} {unit}"));
         s.push_str(&format!(
-            "| {} | {:.1} s | {} ({}) | {} | {:.2} ({:.2}) | {:.2} | {:.0} in {:.0} s | {:.0} MiB | {:.1} s | {:.1} ms | {:.1} ms | {} |\n",
+            "| {} | {:.1} s | {} ({}) | {} | {:.2} ({:.2}) | {:.2} | {:.2} | {:.0} in {:.0} s | {:.0} MiB | {:.1} s | {:.1} ms | {:.1} ms | {} |\n",
             r.n,
             r.operator_secs,
             opt(r.baseline_secs, "s"),
@@ -180,6 +200,7 @@ pub fn table(reports: &[Report]) -> String {
             r.ratio().map_or("–".to_string(), |x| format!("{x:.2}")),
             r.writes_per_cr,
             r.children_per_cr + 2.0,
+            r.resource_writes_per_cr,
             r.events_per_cr,
             r.steady_writes + r.steady_events,
             r.steady_secs,
@@ -212,11 +233,16 @@ pub fn fit(points: &[(f64, f64)]) -> Option<(f64, f64)> {
 
 /// The workspace root (this file is host/tests/scale/mod.rs).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
 }
 
 pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// The cluster, the operator binary and the plugins, ready for runs.
@@ -238,7 +264,10 @@ impl Bench {
         for p in ["postgres", "redis", "elasticsearch"] {
             let f = plugin_dir.join(format!("{p}.wasm"));
             if !f.is_file() {
-                bail!("{} is missing: build the plugins first with scripts/build-plugins", f.display());
+                bail!(
+                    "{} is missing: build the plugins first with scripts/build-plugins",
+                    f.display()
+                );
             }
         }
         let wasm_cache = target_dir().join("scale-wasm-cache");
@@ -259,14 +288,27 @@ impl Bench {
         };
         let crds = workspace_root().join("deploy").join("crds");
         let mut apply = bench.kubectl();
-        apply.args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-scale", "-f"]).arg(&crds);
+        apply
+            .args([
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager",
+                "stateward-scale",
+                "-f",
+            ])
+            .arg(&crds);
         run_ok(&mut apply)?;
         let mut wait = bench.kubectl();
         wait.args(["wait", "--for=condition=Established", "--timeout=60s"]);
         wait.args(KINDS.iter().map(|k| format!("crd/{}.stateward.dev", k.plural)));
         run_ok(&mut wait)?;
         let mut warm = Command::new(operator);
-        warm.arg("crds").arg("--plugin-dir").arg(&plugin_dir).arg("--wasm-cache").arg(&wasm_cache);
+        warm.arg("crds")
+            .arg("--plugin-dir")
+            .arg(&plugin_dir)
+            .arg("--wasm-cache")
+            .arg(&wasm_cache);
         run_ok(&mut warm)?;
         Ok(bench)
     }
@@ -284,7 +326,16 @@ impl Bench {
             .list(&ListParams::default())
             .await?
             .iter()
-            .filter_map(|n| n.status.as_ref()?.allocatable.as_ref()?.get("pods")?.0.parse::<usize>().ok())
+            .filter_map(|n| {
+                n.status
+                    .as_ref()?
+                    .allocatable
+                    .as_ref()?
+                    .get("pods")?
+                    .0
+                    .parse::<usize>()
+                    .ok()
+            })
             .sum();
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
         let free = pvs
@@ -309,7 +360,11 @@ impl Bench {
                 opts.n
             );
         }
-        let mut report = Report { n: opts.n, concurrency: opts.concurrency, ..Report::default() };
+        let mut report = Report {
+            n: opts.n,
+            concurrency: opts.concurrency,
+            ..Report::default()
+        };
         report.children_per_cr = self.children_per_cr(opts.n)?;
         if opts.baseline {
             self.baseline(opts, &mut report).await?;
@@ -321,7 +376,9 @@ impl Bench {
     /// The plan of resource i in namespace `ns`, rendered in-process like `stateward render`.
     fn plan(&self, i: usize, ns: &str) -> anyhow::Result<stateward::runtime::Plan> {
         let (kind, name) = resource(i);
-        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis() as u64;
         let rendered = stateward::render::render(&self.registry, kind.manifest(&name, ns, MEMORY_BEFORE), &[], now_ms)?;
         Ok(rendered.plan)
     }
@@ -353,11 +410,11 @@ impl Bench {
                     if let stateward::runtime::Action::Apply { object } = action {
                         let (av, kind) = (str_at(object, "/apiVersion"), str_at(object, "/kind"));
                         let key = format!("{av}/{kind}");
-                        if !apis.contains_key(&key) {
+                        if let std::collections::btree_map::Entry::Vacant(slot) = apis.entry(key) {
                             let (group, version) = av.rsplit_once('/').unwrap_or(("", av));
                             let (ar, _) =
                                 kube::discovery::pinned_kind(&loader, &GroupVersionKind::gvk(group, version, kind)).await?;
-                            apis.insert(key, ar);
+                            slot.insert(ar);
                         }
                     }
                 }
@@ -393,7 +450,13 @@ impl Bench {
         cleaned
     }
 
-    async fn wait_statefulsets_ready(&self, ns: &str, n: usize, timeout: Duration, started: Instant) -> anyhow::Result<f64> {
+    async fn wait_statefulsets_ready(
+        &self,
+        ns: &str,
+        n: usize,
+        timeout: Duration,
+        started: Instant,
+    ) -> anyhow::Result<f64> {
         let sts: Api<StatefulSet> = Api::namespaced(self.client.clone(), ns);
         loop {
             let ready = sts
@@ -402,7 +465,9 @@ impl Bench {
                 .iter()
                 .filter(|s| {
                     let want = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                    s.status.as_ref().is_some_and(|st| st.ready_replicas.unwrap_or(0) == want && st.replicas == want)
+                    s.status
+                        .as_ref()
+                        .is_some_and(|st| st.ready_replicas.unwrap_or(0) == want && st.replicas == want)
                 })
                 .count();
             if ready >= n {
@@ -435,7 +500,12 @@ impl Bench {
         }
         .await;
         if let (Err(_), Some(op)) = (&result, &operator) {
-            eprintln!("scale[{}]: operator log (last 40 lines of {}):\n{}", opts.n, op.log.display(), op.log_tail(40));
+            eprintln!(
+                "scale[{}]: operator log (last 40 lines of {}):\n{}",
+                opts.n,
+                op.log.display(),
+                op.log_tail(40)
+            );
         }
         drop(operator);
         let cleaned = self.delete_namespace(&ns, opts.timeout).await;
@@ -453,6 +523,7 @@ impl Bench {
     ) -> anyhow::Result<()> {
         let n = opts.n;
         let (w0, e0, m0) = (counter.writes(self)?, counter.events(self)?, op.metric_writes()?);
+        let r0 = counter.resource_writes(self)?;
         eprintln!("scale[{n}]: operator: creating {n} resources in {ns}");
         let started = Instant::now();
         futures::stream::iter((0..n).map(|i| {
@@ -461,7 +532,10 @@ impl Bench {
             async move {
                 let (kind, name) = resource(i);
                 let obj: DynamicObject = serde_json::from_value(kind.manifest(&name, &ns, MEMORY_BEFORE))?;
-                kind.api(&client, &ns).create(&PostParams::default(), &obj).await.with_context(|| format!("creating {name}"))?;
+                kind.api(&client, &ns)
+                    .create(&PostParams::default(), &obj)
+                    .await
+                    .with_context(|| format!("creating {name}"))?;
                 anyhow::Ok(())
             }
         }))
@@ -496,23 +570,31 @@ impl Bench {
         report.settle_secs = (last.1 - settle_started).as_secs_f64();
         let (w1, e1, m1) = (counter.writes(self)?, counter.events(self)?, op.metric_writes()?);
         report.writes_per_cr = (w1 - w0) / n as f64;
+        report.resource_writes_per_cr = (counter.resource_writes(self)? - r0) / n as f64;
         report.events_per_cr = (e1 - e0) / n as f64;
         report.metric_writes_per_cr = (m1 - m0) / n as f64;
         report.breakdown = op
             .metrics()?
             .lines()
             .filter(|l| {
-                ["stateward_api_writes_total{", "stateward_reconcile_total{", "stateward_reconcile_duration_seconds_sum{",
-                 "stateward_plugin_call_duration_seconds_sum{", "stateward_policy_eval_duration_seconds_sum", "stateward_policy_decisions_total{"]
-                    .iter()
-                    .any(|p| l.starts_with(p))
+                [
+                    "stateward_api_writes_total{",
+                    "stateward_reconcile_total{",
+                    "stateward_reconcile_duration_seconds_sum{",
+                    "stateward_plugin_call_duration_seconds_sum{",
+                    "stateward_policy_eval_duration_seconds_sum",
+                    "stateward_policy_decisions_total{",
+                ]
+                .iter()
+                .any(|p| l.starts_with(p))
             })
             .map(str::to_string)
             .collect();
         eprintln!(
-            "scale[{n}]: operator: {} writes ({:.2}/CR), {} events, stateward_api_writes_total {} (settled {:.1} s after Available)",
+            "scale[{n}]: operator: {} writes ({:.2}/CR, {:.2} of them to the resource and its status), {} events, stateward_api_writes_total {} (settled {:.1} s after Available)",
             w1 - w0,
             report.writes_per_cr,
+            report.resource_writes_per_cr,
             e1 - e0,
             m1 - m0,
             report.settle_secs
@@ -554,9 +636,14 @@ impl Bench {
             .buffer_unordered(16)
             .try_collect::<BTreeMap<String, i64>>()
             .await?;
-            let (available, secs) = self.wait_converged(ns, n, Some(&generations), opts.timeout, storm_started).await?;
+            let (available, secs) = self
+                .wait_converged(ns, n, Some(&generations), opts.timeout, storm_started)
+                .await?;
             if available < n {
-                bail!("storm: only {available} of {n} resources back at their generation after {:?}", opts.timeout);
+                bail!(
+                    "storm: only {available} of {n} resources back at their generation after {:?}",
+                    opts.timeout
+                );
             }
             let (w4, e4) = (counter.writes(self)?, counter.events(self)?);
             report.storm_secs = Some(secs);
@@ -617,7 +704,10 @@ impl Bench {
         let obj: Namespace = serde_json::from_value(json!({
             "metadata": {"name": ns, "labels": {stateward_testkit::NAMESPACE_LABEL: "true", "stateward.test/scale": "true"}}
         }))?;
-        namespaces.create(&PostParams::default(), &obj).await.with_context(|| format!("creating namespace {ns}"))?;
+        namespaces
+            .create(&PostParams::default(), &obj)
+            .await
+            .with_context(|| format!("creating namespace {ns}"))?;
         let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(self.client.clone(), ns);
         let started = Instant::now();
         while sas.get_opt("default").await?.is_none() {
@@ -635,7 +725,12 @@ impl Bench {
         let started = Instant::now();
         for kind in KINDS {
             let api = kind.api(&self.client, ns);
-            let names: Vec<String> = api.list(&ListParams::default()).await?.iter().map(ResourceExt::name_any).collect();
+            let names: Vec<String> = api
+                .list(&ListParams::default())
+                .await?
+                .iter()
+                .map(ResourceExt::name_any)
+                .collect();
             futures::stream::iter(names.into_iter().map(|name| {
                 let api = api.clone();
                 async move {
@@ -672,7 +767,13 @@ impl Bench {
                 .list(&ListParams::default().labels(stateward_testkit::VOLUME_POOL_LABEL))
                 .await?
                 .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|c| c.namespace.as_deref()) == Some(ns))
+                .filter(|p| {
+                    p.spec
+                        .as_ref()
+                        .and_then(|s| s.claim_ref.as_ref())
+                        .and_then(|c| c.namespace.as_deref())
+                        == Some(ns)
+                })
                 .count();
             if bound_here == 0 {
                 break;
@@ -682,14 +783,18 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        eprintln!("scale: namespace {ns} deleted and its volumes freed in {:.1?}", started.elapsed());
+        eprintln!(
+            "scale: namespace {ns} deleted and its volumes freed in {:.1?}",
+            started.elapsed()
+        );
         Ok(())
     }
 
     /// A ServiceAccount of `ns` with either the project's namespaced Roles (operator) or a
     /// broad Role (loader), and a token kubeconfig for it.
     fn service_account(&self, ns: &str, sa: &str, rbac: Rbac, dir: &Path) -> anyhow::Result<PathBuf> {
-        let mut items = vec![json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}})];
+        let mut items =
+            vec![json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}})];
         let bind = |role: &str| {
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                 "metadata": {"name": format!("{sa}-{role}"), "namespace": ns},
@@ -701,7 +806,8 @@ impl Bench {
                 for rel in ["namespaced/role.yaml", "operator-namespace/role.yaml"] {
                     let path = workspace_root().join("deploy").join("rbac").join(rel);
                     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-                    let mut role: Value = yaml_serde::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+                    let mut role: Value =
+                        yaml_serde::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
                     role["metadata"]["namespace"] = Value::String(ns.to_string());
                     let name = str_at(&role, "/metadata/name").to_string();
                     items.push(role);
@@ -722,10 +828,24 @@ impl Bench {
         token.args(["create", "token", sa, "-n", ns, "--duration", "6h"]);
         let token = run_ok(&mut token)?.trim().to_string();
         let mut server = self.kubectl();
-        server.args(["config", "view", "--raw", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"]);
+        server.args([
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "-o",
+            "jsonpath={.clusters[0].cluster.server}",
+        ]);
         let server = run_ok(&mut server)?.trim().to_string();
         let mut ca = self.kubectl();
-        ca.args(["config", "view", "--raw", "--minify", "-o", "jsonpath={.clusters[0].cluster.certificate-authority-data}"]);
+        ca.args([
+            "config",
+            "view",
+            "--raw",
+            "--minify",
+            "-o",
+            "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+        ]);
         let ca = run_ok(&mut ca)?.trim().to_string();
         if ca.is_empty() {
             bail!("the admin kubeconfig carries no inline CA");
@@ -772,24 +892,35 @@ enum Rbac {
     Broad,
 }
 
-/// Two FlowSchemas that route one ServiceAccount's writes in one namespace through schemas
+/// Three FlowSchemas that route one ServiceAccount's writes in one namespace through schemas
 /// of their own, so `apiserver_flowcontrol_dispatched_requests_total{flow_schema}` counts
-/// exactly them: children, custom resources and their status in one, Events in the other.
-/// Leases (leader election) match neither.
+/// exactly them: children; the custom resources and their status; Events. Leases (leader
+/// election) match none.
 struct WriteCounter {
-    writes: String,
+    children: String,
+    resources: String,
     events: String,
 }
 
 impl WriteCounter {
     fn install(bench: &Bench, ns: &str, sa: &str, tag: &str) -> anyhow::Result<WriteCounter> {
-        let writes = format!("{ns}-{tag}-writes");
-        let events = format!("{ns}-{tag}-events");
-        let mut resources: Vec<String> =
-            ["statefulsets", "services", "configmaps", "secrets", "persistentvolumeclaims", "poddisruptionbudgets"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
+        let counter = WriteCounter {
+            children: format!("{ns}-{tag}-children"),
+            resources: format!("{ns}-{tag}-resources"),
+            events: format!("{ns}-{tag}-events"),
+        };
+        let children: Vec<String> = [
+            "statefulsets",
+            "services",
+            "configmaps",
+            "secrets",
+            "persistentvolumeclaims",
+            "poddisruptionbudgets",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut resources = Vec::new();
         for k in KINDS {
             resources.push(k.plural.to_string());
             resources.push(format!("{}/status", k.plural));
@@ -814,9 +945,14 @@ impl WriteCounter {
                 }
             })
         };
-        bench.kubectl_apply(&schema(&writes, vec!["", "apps", "policy", "stateward.dev"], resources))?;
-        bench.kubectl_apply(&schema(&events, vec!["", "events.k8s.io"], vec!["events".to_string()]))?;
-        Ok(WriteCounter { writes, events })
+        bench.kubectl_apply(&schema(&counter.children, vec!["", "apps", "policy"], children))?;
+        bench.kubectl_apply(&schema(&counter.resources, vec!["stateward.dev"], resources))?;
+        bench.kubectl_apply(&schema(
+            &counter.events,
+            vec!["", "events.k8s.io"],
+            vec!["events".to_string()],
+        ))?;
+        Ok(counter)
     }
 
     fn count(bench: &Bench, schema: &str) -> anyhow::Result<f64> {
@@ -827,8 +963,22 @@ impl WriteCounter {
         ))
     }
 
+    /// Writes to children plus writes to the custom resources and their status.
     fn writes(&self, bench: &Bench) -> anyhow::Result<f64> {
-        Self::count(bench, &self.writes)
+        let text = bench.apiserver_metrics()?;
+        let count = |schema: &str| {
+            sum_metric(
+                &text,
+                "apiserver_flowcontrol_dispatched_requests_total",
+                &[&format!("flow_schema=\"{schema}\"")],
+            )
+        };
+        Ok(count(&self.children) + count(&self.resources))
+    }
+
+    /// Writes to the custom resources and their status (finalizer, status) only.
+    fn resource_writes(&self, bench: &Bench) -> anyhow::Result<f64> {
+        Self::count(bench, &self.resources)
     }
 
     fn events(&self, bench: &Bench) -> anyhow::Result<f64> {
@@ -836,7 +986,7 @@ impl WriteCounter {
     }
 
     fn remove(&self, bench: &Bench) {
-        for name in [&self.writes, &self.events] {
+        for name in [&self.children, &self.resources, &self.events] {
             let _ = bench
                 .kubectl()
                 .args(["delete", "flowschema", name, "--ignore-not-found", "--wait=false"])
@@ -863,22 +1013,36 @@ async fn load_one(
                 let ar = apis.get(&key).with_context(|| format!("no API resource for {key}"))?;
                 let name = str_at(&object, "/metadata/name").to_string();
                 let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, ar);
-                api.patch(&name, &PatchParams::apply("scale-loader").force(), &Patch::Apply(&object))
-                    .await
-                    .with_context(|| format!("applying {key} {name}"))?;
+                api.patch(
+                    &name,
+                    &PatchParams::apply("scale-loader").force(),
+                    &Patch::Apply(&object),
+                )
+                .await
+                .with_context(|| format!("applying {key} {name}"))?;
             }
             Action::EnsureSecret { secret } => {
                 let api: Api<Secret> = Api::namespaced(client.clone(), ns);
                 let data: BTreeMap<String, k8s_openapi::ByteString> = secret
                     .keys
                     .iter()
-                    .map(|(k, bytes)| (k.clone(), k8s_openapi::ByteString(vec![b'x'; (*bytes).clamp(8, 1024) as usize])))
+                    .map(|(k, bytes)| {
+                        (
+                            k.clone(),
+                            k8s_openapi::ByteString(vec![b'x'; (*bytes).clamp(8, 1024) as usize]),
+                        )
+                    })
                     .collect();
                 let obj: Secret = serde_json::from_value(json!({
                     "metadata": {"name": secret.name, "labels": secret.labels.iter().cloned().collect::<BTreeMap<_, _>>()},
                 }))?;
-                let obj = Secret { data: Some(data), ..obj };
-                api.create(&PostParams::default(), &obj).await.with_context(|| format!("creating Secret {}", secret.name))?;
+                let obj = Secret {
+                    data: Some(data),
+                    ..obj
+                };
+                api.create(&PostParams::default(), &obj)
+                    .await
+                    .with_context(|| format!("creating Secret {}", secret.name))?;
             }
             Action::Delete { .. } => {}
         }
@@ -905,7 +1069,10 @@ impl Operator {
             .env_remove("STATEWARD_NAMESPACE")
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_NAME")
-            .env("RUST_LOG", std::env::var("STATEWARD_SCALE_RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("STATEWARD_SCALE_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .args(["run", "--namespace", ns, "--lease-namespace", ns])
             .args(["--http-addr", &format!("127.0.0.1:{port}")])
             .args(["--concurrency", &opts.concurrency.to_string()])
@@ -928,8 +1095,18 @@ impl Operator {
             .ok()
             .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<f64>().ok())
             .unwrap_or(100.0);
-        eprintln!("scale[{}]: operator pid {} on 127.0.0.1:{port}, log {}", opts.n, child.id(), log.display());
-        Ok(Operator { child, port, log, clk_tck })
+        eprintln!(
+            "scale[{}]: operator pid {} on 127.0.0.1:{port}, log {}",
+            opts.n,
+            child.id(),
+            log.display()
+        );
+        Ok(Operator {
+            child,
+            port,
+            log,
+            clk_tck,
+        })
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
@@ -963,9 +1140,17 @@ impl Operator {
     /// User + system CPU seconds so far (/proc/<pid>/stat fields 14 and 15).
     fn cpu_secs(&self) -> anyhow::Result<f64> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
-        let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("malformed /proc stat")?;
+        let after = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest)
+            .context("malformed /proc stat")?;
         let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).context("malformed /proc stat");
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<f64>().ok())
+                .context("malformed /proc stat")
+        };
         Ok((ticks(11)? + ticks(12)?) / self.clk_tck)
     }
 
@@ -974,7 +1159,14 @@ impl Operator {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
         let kib = status
             .lines()
-            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':')?.split_whitespace().next()?.parse::<f64>().ok())
+            .find_map(|l| {
+                l.strip_prefix(field)?
+                    .strip_prefix(':')?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<f64>()
+                    .ok()
+            })
             .with_context(|| format!("no {field} in /proc status"))?;
         Ok(kib / 1024.0)
     }
@@ -1038,7 +1230,11 @@ fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;
     let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf.as_str(), ""));
-    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no status line")?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no status line")?;
     Ok((code, body.to_string()))
 }
 
@@ -1058,9 +1254,17 @@ pub fn histogram_quantile(text: &str, name: &str, q: f64) -> f64 {
     let bucket = format!("{name}_bucket{{");
     let mut buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new(); // bound bits → (bound, count)
     for line in text.lines().filter(|l| l.starts_with(&bucket)) {
-        let Some(le) = line.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else { continue };
-        let bound = if le == "+Inf" { f64::INFINITY } else { le.parse::<f64>().unwrap_or(f64::NAN) };
-        let Some(count) = line.rsplit(' ').next().and_then(|c| c.parse::<f64>().ok()) else { continue };
+        let Some(le) = line.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
+            continue;
+        };
+        let bound = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse::<f64>().unwrap_or(f64::NAN)
+        };
+        let Some(count) = line.rsplit(' ').next().and_then(|c| c.parse::<f64>().ok()) else {
+            continue;
+        };
         if bound.is_nan() {
             continue;
         }
