@@ -507,6 +507,10 @@ impl Bench {
                 op.log_tail(40)
             );
         }
+        if let (Ok(()), Some(op)) = (&result, &operator) {
+            // The audit log holds every decision's input: ~0.6 GB at N = 1000. Kept on failure.
+            let _ = std::fs::remove_file(&op.audit);
+        }
         drop(operator);
         let cleaned = self.delete_namespace(&ns, opts.timeout).await;
         result?;
@@ -1055,6 +1059,7 @@ struct Operator {
     child: Child,
     port: u16,
     pub log: PathBuf,
+    audit: PathBuf,
     clk_tck: f64,
 }
 
@@ -1105,6 +1110,7 @@ impl Operator {
             child,
             port,
             log,
+            audit,
             clk_tck,
         })
     }
