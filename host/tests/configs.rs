@@ -80,6 +80,23 @@ fn postgres_bin(name: &str) -> PathBuf {
     found.pop().unwrap_or_else(|| panic!("PostgreSQL's {name} not found under /usr/lib/postgresql: run scripts/setup"))
 }
 
+/// Where the pods mount the server certificate the host issues (the sdk's TLS_DIR).
+const TLS_DIR: &str = "/etc/stateward-tls";
+
+/// A certificate for 127.0.0.1 from a fresh CA, written as the Secret's three keys into
+/// `dir/tls`, which stands in for the mount; returns that directory.
+fn certificate_files(dir: &Path) -> PathBuf {
+    let cert = stateward_testkit::LoopbackCert::generate().unwrap();
+    let tls = dir.join("tls");
+    std::fs::create_dir_all(&tls).unwrap();
+    for (name, pem) in [("tls.crt", &cert.cert_pem), ("tls.key", &cert.key_pem), ("ca.crt", &cert.ca_pem)] {
+        std::fs::write(tls.join(name), pem).unwrap();
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(tls.join("tls.key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    tls
+}
+
 fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
     let started = Instant::now();
     while !ready() {
@@ -92,6 +109,9 @@ fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
 fn generated_postgresql_conf_runs_in_a_real_postgres() {
     let conf = config_from_sample("postgres", "postgresql.conf");
     let dir = scratch("pg");
+    assert!(conf.contains("ssl = on"), "postgresql.conf must serve TLS");
+    let tls = certificate_files(&dir);
+    let conf = conf.replace(TLS_DIR, &tls.display().to_string());
     if is_root() {
         assert!(Command::new("chown").args(["-R", "postgres:postgres"]).arg(&dir).status().unwrap().success());
     }
@@ -129,6 +149,14 @@ fn generated_postgresql_conf_runs_in_a_real_postgres() {
     assert_eq!(show("shared_buffers"), "32MB");
     assert_eq!(show("wal_level"), "replica");
     assert_eq!(show("password_encryption"), "scram-sha-256");
+    assert_eq!(show("ssl"), "on");
+    // A client that insists on TLS and checks the server against the CA gets in over TLS.
+    let conninfo = format!("host=127.0.0.1 port={port} user=postgres sslmode=verify-full sslrootcert={}", tls.join("ca.crt").display());
+    let out = Command::new(postgres_bin("psql"))
+        .args([conninfo.as_str(), "-At", "-c", "select ssl from pg_stat_ssl where pid = pg_backend_pid()"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "t", "{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -140,6 +168,10 @@ fn generated_redis_conf_runs_in_a_real_redis() {
     // changes into `dir` while reading the file, so it must exist). Nothing else is touched.
     assert!(conf.lines().any(|l| l == "dir /data"), "redis.conf must keep its data in the volume");
     let conf = conf.replace("dir /data", &format!("dir {}", dir.display()));
+    let tls = certificate_files(&dir);
+    let tls_port = free_port().to_string();
+    assert!(conf.lines().any(|l| l == "tls-port 6380"), "redis.conf must serve TLS on 6380");
+    let conf = conf.replace(TLS_DIR, &tls.display().to_string()).replace("tls-port 6380", &format!("tls-port {tls_port}"));
     let file = dir.join("redis.conf");
     std::fs::write(&file, &conf).unwrap();
     let port = free_port().to_string();
@@ -159,5 +191,13 @@ fn generated_redis_conf_runs_in_a_real_redis() {
     assert_eq!(cli(&["config", "get", "maxmemory"]), "maxmemory\n100663296");
     assert_eq!(cli(&["config", "get", "maxmemory-policy"]), "maxmemory-policy\nallkeys-lru");
     assert_eq!(cli(&["config", "get", "appendonly"]), "appendonly\nyes");
+    // The TLS port answers a client that verifies the server against the CA.
+    let out = Command::new("redis-cli")
+        .args(["--tls", "--cacert"])
+        .arg(tls.join("ca.crt"))
+        .args(["-h", "127.0.0.1", "-p", &tls_port, "ping"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "PONG", "{}", String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }

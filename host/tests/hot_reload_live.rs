@@ -320,8 +320,11 @@ async fn looping_redis_plugin_leaves_postgres_reconciles_alone() {
         before.len(), percentile(&before, 0.5), before[before.len() - 1], percentile(&during, 0.5), during[during.len() - 1]
     );
     assert!(timeouts >= 4.0, "the looping build was not interrupted: {timeouts}");
-    // PostgreSQL never waits on Redis' 2 s budget: its reconciles do not queue behind the loops.
-    assert!(percentile(&during, 0.5) < Duration::from_secs(1), "PostgreSQL while Redis loops: {during:?}");
+    // PostgreSQL never queues behind Redis' 2 s budgets: the looping build is on probation
+    // (one call at a time), so it takes at most one of the two cores. What remains is CPU
+    // sharing, bounded here at twice the quiet latency.
+    let (quiet, busy) = (percentile(&before, 0.5), percentile(&during, 0.5));
+    assert!(busy <= quiet * 2 + Duration::from_millis(300), "PostgreSQL p50 {quiet:?} before, {busy:?} while Redis loops: {during:?}");
     let pg0 = get_cr(&pg, "pg0").await.unwrap();
     assert_ne!(condition(&pg0, "Degraded"), Some("True"), "{}", pg0["status"]);
 }

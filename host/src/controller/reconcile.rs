@@ -61,6 +61,7 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
         let span = plugin_span(&plugin, "reconcile");
         let started = Instant::now();
         let in_call = span.clone();
+        let _probation = if plugin.on_probation() { plugin.probation_permit().await } else { None };
         let answer = ctx
             .sandbox
             .run_blocking(move || in_call.in_scope(|| guest.reconcile(&resource_text, &child_text, now_ms, &ns)))
@@ -191,6 +192,7 @@ async fn finalize(
     }
     let namespace = obj.namespace().unwrap_or_default();
     let cleanup = {
+        let _probation = if plugin.on_probation() { plugin.probation_permit().await } else { None };
         let (plugin, ns, text) = (Arc::clone(plugin), namespace.clone(), resource.to_string());
         let span = plugin_span(&plugin, "finalize");
         let started = Instant::now();

@@ -81,6 +81,9 @@ pub struct Plugin {
     imports: Vec<String>,
     exports: Vec<String>,
     from_cache: bool,
+    /// Consecutive calls that ran out of time or memory; see [`Plugin::on_probation`].
+    faults: std::sync::atomic::AtomicU32,
+    probation: tokio::sync::Semaphore,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -136,6 +139,8 @@ impl Plugin {
             imports,
             exports,
             from_cache,
+            faults: std::sync::atomic::AtomicU32::new(0),
+            probation: tokio::sync::Semaphore::new(1),
         };
         let raw = plugin.call("info", |p, s| p.stateward_plugin_service().call_info(s))?;
         plugin.info = convert_info(raw)?;
@@ -305,7 +310,28 @@ impl Plugin {
             .and_then(|instance| f(&instance, &mut store));
         let output = store.data_mut().take_output();
         self.forward_logs(export, &output);
-        result.map_err(|err| self.classify(export, err, &store, &output))
+        let result = result.map_err(|err| self.classify(export, err, &store, &output));
+        use std::sync::atomic::Ordering::Relaxed;
+        match &result {
+            Ok(_) => self.faults.store(0, Relaxed),
+            Err(RuntimeError::Timeout { .. } | RuntimeError::OutOfMemory { .. }) => {
+                self.faults.fetch_add(1, Relaxed);
+            }
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// True after a call ran out of time or memory, until one succeeds. A plugin on probation
+    /// gets one call at a time (take [`Plugin::probation_permit`] first), so a build that
+    /// loops burns at most one core's worth of budget while other kinds reconcile at speed.
+    pub fn on_probation(&self) -> bool {
+        self.faults.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    /// The single permit of a plugin on probation.
+    pub async fn probation_permit(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.probation.acquire().await.ok()
     }
 
     fn forward_logs(&self, export: &'static str, lines: &[(Level, String)]) {

@@ -1,6 +1,9 @@
 //! redis.conf: operator-managed directives first, then defaults overridden by spec.parameters.
 
-use stateward_sdk::builders::Ctx;
+use stateward_sdk::builders::{Ctx, TLS_DIR};
+
+/// The TLS port, beside the plain one (probes and replication stay on 6379).
+pub const TLS_PORT: u16 = 6380;
 use stateward_sdk::params::{effective, ParamKind, ParamRule};
 use stateward_sdk::spec::version_numbers;
 
@@ -38,6 +41,11 @@ pub const PARAMETERS: &[ParamRule] = &[
 /// Directives the operator owns: ports, paths, replication and authentication.
 pub const FORBIDDEN: &[&str] = &[
     "port",
+    "tls-port",
+    "tls-cert-file",
+    "tls-key-file",
+    "tls-ca-cert-file",
+    "tls-auth-clients",
     "bind",
     "dir",
     "requirepass",
@@ -70,7 +78,12 @@ pub fn render(ctx: &Ctx) -> String {
          protected-mode yes\n\
          daemonize no\n\
          dir /data\n\
-         logfile \"\"\n",
+         logfile \"\"\n\
+         tls-port {TLS_PORT}\n\
+         tls-cert-file {TLS_DIR}/tls.crt\n\
+         tls-key-file {TLS_DIR}/tls.key\n\
+         tls-ca-cert-file {TLS_DIR}/ca.crt\n\
+         tls-auth-clients optional\n",
         ctx.name()
     );
     for (k, v) in effective(&ctx.cluster.spec.parameters, PARAMETERS) {

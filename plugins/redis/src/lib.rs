@@ -37,7 +37,7 @@ impl Blueprint for Redis {
     const SHORT: &'static str = "rdc";
     const COMPONENT: &'static str = "cache";
     const CONFIG_FILE: &'static str = "redis.conf";
-    const PORTS: &'static [Port] = &[Port { name: "redis", port: PORT }];
+    const PORTS: &'static [Port] = &[Port { name: "redis", port: PORT }, Port { name: "redis-tls", port: config::TLS_PORT }];
     const SECRET_KEYS: &'static [(&'static str, u32)] = &[("password", 24)];
     const PARAMETERS: &'static [ParamRule] = config::PARAMETERS;
     const FORBIDDEN: &'static [&'static str] = config::FORBIDDEN;

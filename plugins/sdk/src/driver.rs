@@ -209,6 +209,7 @@ pub fn desired<B: Blueprint>(ctx: &Ctx) -> (Vec<Action>, String) {
     let hash = fnv1a(format!("{}\n{}", B::CONFIG_FILE, config).as_bytes());
     let mut actions = vec![
         Action::EnsureSecret(objects::credentials(ctx, B::SECRET_KEYS)),
+        Action::EnsureSecret(objects::server_certificate(ctx)),
         Action::Apply(to_text(&objects::config_map(ctx, &[(B::CONFIG_FILE, &config)]))),
         Action::Apply(to_text(&objects::headless_service(ctx, B::PORTS))),
     ];
@@ -294,6 +295,7 @@ pub fn finalize(input: &Observed) -> Result<Cleanup, String> {
     // The credentials outlive a Retain delete (a new resource of the same name reuses them
     // with its volumes); with Delete they go with the data.
     let credentials = format!("{name}-credentials");
+    let tls = format!("{name}-tls");
     let mut actions = Vec::new();
     for child in &children {
         let kind = str_at(child, &["kind"]).unwrap_or_default();
@@ -302,7 +304,7 @@ pub fn finalize(input: &Observed) -> Result<Cleanup, String> {
         let target = match kind {
             "StatefulSet" if child_name == name => Some("apps/v1"),
             "PersistentVolumeClaim" if ours && child_name.starts_with(&claim_prefix) => Some("v1"),
-            "Secret" if ours && child_name == credentials => Some("v1"),
+            "Secret" if ours && (child_name == credentials || child_name == tls) => Some("v1"),
             _ => None,
         };
         if let Some(api_version) = target {

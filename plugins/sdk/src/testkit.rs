@@ -372,10 +372,10 @@ macro_rules! plugin_suite {
 
                 let mut children = tk::applied(&p);
                 children.extend([tk::pvc("main", 0), tk::pvc("main", 1), tk::pvc("other", 0)]);
-                // The credentials go with a Delete (another instance's never).
-                for owner in ["main", "other"] {
-                    let name = format!("{owner}-credentials");
-                    if !children.iter().any(|c| c["kind"] == "Secret" && c["metadata"]["name"] == name.as_str()) {
+                // The credentials and certificate go with a Delete (another instance's never).
+                for name in ["main-credentials", "other-credentials", "main-tls", "other-tls"] {
+                    let owner = name.split('-').next().unwrap_or_default();
+                    if !children.iter().any(|c| c["kind"] == "Secret" && c["metadata"]["name"] == *name) {
                         children.push(json!({"apiVersion": "v1", "kind": "Secret",
                             "metadata": {"name": name, "labels": {"stateward.dev/instance": owner}}}));
                     }
@@ -390,7 +390,7 @@ macro_rules! plugin_suite {
                 }).collect();
                 let mut deleted = deleted;
                 deleted.sort();
-                assert_eq!(deleted, ["PersistentVolumeClaim/data-main-0", "PersistentVolumeClaim/data-main-1", "Secret/main-credentials", "StatefulSet/main"]);
+                assert_eq!(deleted, ["PersistentVolumeClaim/data-main-0", "PersistentVolumeClaim/data-main-1", "Secret/main-credentials", "Secret/main-tls", "StatefulSet/main"]);
                 let rest: Vec<Value> = children.into_iter().filter(|c| c["kind"] == "Service").collect();
                 assert!(<$ty>::finalize(tk::observed(&del, &rest)).unwrap().done);
             }

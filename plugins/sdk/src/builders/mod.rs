@@ -18,6 +18,12 @@ pub const CONFIG_HASH_ANNOTATION: &str = "stateward.dev/config-hash";
 pub const DATA_VOLUME: &str = "data";
 /// Where the generated configuration is mounted.
 pub const CONFIG_DIR: &str = "/etc/stateward";
+/// Where the pods mount their server certificate (`tls.crt`, `tls.key`, `ca.crt`), beside
+/// (not inside) the read-only config mount.
+pub const TLS_DIR: &str = "/etc/stateward-tls";
+/// Label of an `ensure-secret` that asks the host for a server certificate from its CA
+/// (value `server`); the host issues it, renews it and rolls the pods that mount it.
+pub const CERTIFICATE_LABEL: &str = "stateward.dev/certificate";
 
 /// Naming and labelling for one cluster of one service.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +54,11 @@ impl Ctx<'_> {
     /// `<name>-credentials`.
     pub fn secret(&self) -> String {
         format!("{}-credentials", self.cluster.name)
+    }
+
+    /// `<name>-tls`: the server certificate the host issues.
+    pub fn tls_secret(&self) -> String {
+        format!("{}-tls", self.cluster.name)
     }
 
     /// Pod `<name>-<ordinal>`.

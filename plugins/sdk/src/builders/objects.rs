@@ -83,6 +83,18 @@ pub fn pod_disruption_budget(ctx: &Ctx) -> Value {
     })
 }
 
+/// The server certificate Secret: the host issues it from its CA for the instance's Services
+/// (until it does, the keys hold placeholders) and renews it before it expires.
+pub fn server_certificate(ctx: &Ctx) -> SecretRequest {
+    let mut labels = ctx.label_pairs();
+    labels.push((super::CERTIFICATE_LABEL.to_string(), "server".to_string()));
+    SecretRequest {
+        name: ctx.tls_secret(),
+        keys: ["tls.crt", "tls.key", "ca.crt"].iter().map(|k| ((*k).to_string(), 32)).collect(),
+        labels,
+    }
+}
+
 /// The credentials Secret, created by the host with random values if absent.
 pub fn credentials(ctx: &Ctx, keys: &[(&str, u32)]) -> SecretRequest {
     SecretRequest {

@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 use super::objects::Port;
-use super::{Ctx, CONFIG_DIR, CONFIG_HASH_ANNOTATION, DATA_VOLUME};
+use super::{Ctx, CONFIG_DIR, CONFIG_HASH_ANNOTATION, DATA_VOLUME, TLS_DIR};
 use crate::spec::{parse_quantity, ResourceList, Resources};
 
 /// Resources used when the spec leaves them out: limits are always set (policy requires them).
@@ -151,6 +151,7 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str) -> Value {
         "volumeMounts": [
             { "name": DATA_VOLUME, "mountPath": c.data_mount },
             { "name": "config", "mountPath": CONFIG_DIR, "readOnly": true },
+            { "name": "tls", "mountPath": TLS_DIR, "readOnly": true },
         ],
     });
     if let Some(obj) = container.as_object_mut() {
@@ -183,6 +184,9 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str) -> Value {
         "containers": [container],
         "volumes": [
             { "name": "config", "configMap": { "name": ctx.config_map() } },
+            // 0440: readable by the pod's group (fsGroup) only, as PostgreSQL requires of a
+            // root-owned key.
+            { "name": "tls", "secret": { "secretName": ctx.tls_secret(), "defaultMode": 0o440 } },
         ],
     });
     if let (Some(pc), Some(obj)) = (&spec.priority_class_name, pod_spec.as_object_mut()) {
