@@ -87,7 +87,8 @@ async fn lifecycle(kind: Kind) {
         child_names(&env, &env.namespace, "configmaps", name).len(),
         1
     );
-    assert_eq!(child_names(&env, &env.namespace, "secrets", name).len(), 1);
+    // Credentials and the server certificate.
+    assert_eq!(child_names(&env, &env.namespace, "secrets", name).len(), 2);
     let pdb: Api<PodDisruptionBudget> = env.api();
     let pdb = pdb
         .get(name)
@@ -889,7 +890,8 @@ async fn sigkill_mid_scale_then_restart_converges() {
         child_names(&env, &env.namespace, "configmaps", name).len(),
         1
     );
-    assert_eq!(child_names(&env, &env.namespace, "secrets", name).len(), 1);
+    // Credentials and the server certificate.
+    assert_eq!(child_names(&env, &env.namespace, "secrets", name).len(), 2);
     assert_eq!(
         child_names(&env, &env.namespace, "poddisruptionbudgets", name).len(),
         1
