@@ -158,6 +158,33 @@ pub fn stamp_pod_template(statefulset: &mut Value, certificates: &BTreeMap<Strin
     true
 }
 
+/// Whether a StatefulSet (as JSON) is in the middle of a rolling update: its controller has not
+/// yet observed the current spec, or its pods are not all on the update revision. The keeper
+/// does not re-stamp such a set: a new stamp mid-roll would start a second roll over the
+/// first (the pods already replaced restart again) for no gain, since the renewed Secret is
+/// already written and its old certificate is still valid for `renew_before`. The stamp
+/// follows on a later pass, once the roll is done. Sets that do not roll on their own
+/// (`OnDelete`, a partition) are never held back: their revisions differ by design.
+pub fn roll_in_progress(statefulset: &Value) -> bool {
+    let strategy = statefulset.pointer("/spec/updateStrategy");
+    let rolling = strategy
+        .and_then(|s| s.get("type"))
+        .and_then(Value::as_str)
+        .is_none_or(|t| t == "RollingUpdate");
+    let partition = strategy
+        .and_then(|s| s.pointer("/rollingUpdate/partition"))
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    if !rolling || partition > 0 {
+        return false;
+    }
+    let generation = statefulset.pointer("/metadata/generation").and_then(Value::as_i64);
+    let observed = statefulset.pointer("/status/observedGeneration").and_then(Value::as_i64);
+    let current = statefulset.pointer("/status/currentRevision").and_then(Value::as_str);
+    let update = statefulset.pointer("/status/updateRevision").and_then(Value::as_str);
+    observed < generation || update.is_none() || current != update
+}
+
 /// Issues and renews the certificate Secrets of managed clusters and stamps their
 /// StatefulSets, from the webhook's CA (built-in mode).
 pub struct CertificateKeeper {
@@ -295,7 +322,9 @@ impl CertificateKeeper {
                     continue;
                 }
                 let after = value.pointer(POD_ANNOTATION_POINTER).cloned();
-                if before != after {
+                if before != after && roll_in_progress(&value) {
+                    tracing::debug!(namespace = %ns, statefulset = %name, "certificate changed; stamping after the roll in progress");
+                } else if before != after {
                     let patch =
                         json!({ "spec": { "template": { "metadata": { "annotations": { POD_ANNOTATION: after } } } } });
                     sets.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -398,6 +427,36 @@ mod tests {
             "names changed"
         );
         assert!(renewal_due(None, &sans, &policy, now));
+    }
+
+    #[test]
+    fn a_rolling_statefulset_is_not_restamped_until_its_roll_is_done() {
+        let sts = |strategy: Value, generation: i64, status: Value| {
+            json!({"metadata": {"generation": generation}, "spec": {"updateStrategy": strategy}, "status": status})
+        };
+        let rolling = json!({"type": "RollingUpdate"});
+        let done = json!({"observedGeneration": 2, "currentRevision": "a", "updateRevision": "a"});
+        assert!(!roll_in_progress(&sts(rolling.clone(), 2, done.clone())), "rolled out");
+        assert!(
+            !roll_in_progress(&json!({"metadata": {"generation": 2}, "spec": {}, "status": done})),
+            "RollingUpdate is the default"
+        );
+        assert!(
+            roll_in_progress(&sts(rolling.clone(), 3, json!({"observedGeneration": 2, "currentRevision": "a", "updateRevision": "a"}))),
+            "new spec not yet observed"
+        );
+        let mid = json!({"observedGeneration": 2, "currentRevision": "a", "updateRevision": "b"});
+        assert!(roll_in_progress(&sts(rolling, 2, mid.clone())), "pods on two revisions");
+        assert!(
+            roll_in_progress(&json!({"metadata": {"generation": 1}, "spec": {}})),
+            "no status yet"
+        );
+        assert!(!roll_in_progress(&sts(json!({"type": "OnDelete"}), 2, mid.clone())));
+        assert!(!roll_in_progress(&sts(
+            json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 2}}),
+            2,
+            mid
+        )));
     }
 
     #[test]

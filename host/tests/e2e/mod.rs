@@ -886,16 +886,112 @@ pub fn apiserver_metrics(env: &TestEnv) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Ready flag per pod name, lowest Ready count seen, pod events seen.
-type FloorState = (
-    std::collections::BTreeMap<String, bool>,
-    Option<usize>,
-    usize,
-);
+/// One pod event as [`ReadyFloor`] saw it: printed when a roll was not one at a time, so a
+/// failure says which pods were down together and why.
+#[derive(Debug, Clone)]
+pub struct PodEvent {
+    /// Since the watch started.
+    pub at: Duration,
+    /// Watch event: `apply`, `init-apply`, `init-done`, `init`, `delete` or `error`.
+    pub what: &'static str,
+    pub name: String,
+    pub resource_version: String,
+    pub phase: String,
+    /// The pod's Ready condition (regardless of deletion).
+    pub ready_condition: bool,
+    pub deleting: bool,
+    /// `deletionGracePeriodSeconds` once deletion began: the pod's own grace period when its
+    /// controller deletes it, 0 when kwok's fake kubelet does.
+    pub grace: Option<i64>,
+    /// Last five characters of the uid: tells incarnations of one pod name apart.
+    pub uid: String,
+    pub revision: String,
+    pub node: String,
+    /// This event is the fake kubelet deleting a live pod (see [`ReadyFloor`]).
+    pub fake_kubelet_kill: bool,
+    /// Members counted Ready after this event (None before the watch synced).
+    pub ready_after: Option<usize>,
+    /// Members whose pod is Ready right now, kills included (None before the watch synced).
+    pub raw_ready_after: Option<usize>,
+}
+
+impl std::fmt::Display for PodEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = |v: Option<usize>| v.map_or("-".to_string(), |n| n.to_string());
+        write!(
+            f,
+            "{:>8.3}s {:<10} {:<8} uid=..{:<5} rv={:<8} phase={:<8} ready={:<5} deleting={:<5} grace={:<4} rev={} node={} -> ready {} (raw {}){}",
+            self.at.as_secs_f64(),
+            self.what,
+            self.name,
+            self.uid,
+            self.resource_version,
+            self.phase,
+            self.ready_condition,
+            self.deleting,
+            self.grace.map_or("-".to_string(), |g| g.to_string()),
+            self.revision,
+            self.node,
+            n(self.ready_after),
+            n(self.raw_ready_after),
+            if self.fake_kubelet_kill { "  <- fake kubelet deleted a live pod" } else { "" },
+        )
+    }
+}
+
+/// What [`ReadyFloor`] keeps.
+#[derive(Default)]
+struct FloorState {
+    /// Pod name → counted Ready (Ready condition and not being deleted), the synced view.
+    members: std::collections::BTreeMap<String, bool>,
+    /// The view a relist is building; replaces `members` when it is done.
+    relist: std::collections::BTreeMap<String, bool>,
+    /// Pod name → how it counted just before the fake kubelet deleted it, until a new
+    /// incarnation of that name is Ready (or its controller deletes it).
+    killed: std::collections::BTreeMap<String, bool>,
+    /// Uids seen alive (not being deleted), and uids whose deletion was already seen.
+    alive: BTreeSet<String>,
+    deleting: BTreeSet<String>,
+    floor: Option<usize>,
+    raw_floor: Option<usize>,
+    events: usize,
+    kills: usize,
+    timeline: Vec<PodEvent>,
+}
+
+impl FloorState {
+    /// (Ready as the roll left it, Ready right now).
+    fn counts(&self) -> (usize, usize) {
+        let raw = self.members.values().filter(|r| **r).count();
+        let names: BTreeSet<&String> = self.members.keys().chain(self.killed.keys()).collect();
+        let ready = names
+            .into_iter()
+            .filter(|n| {
+                self.killed
+                    .get(*n)
+                    .or_else(|| self.members.get(*n))
+                    .copied()
+                    .unwrap_or(false)
+            })
+            .count();
+        (ready, raw)
+    }
+}
 
 /// Follows the pods of an instance through a watch and keeps the lowest number of members
 /// that were Ready (and not being deleted) at any moment: exact, unlike sampling, however
-/// quickly the fake kubelet replaces pods.
+/// quickly the fake kubelet replaces pods. A relist (watch restart) replaces the view as a
+/// whole, so a pod deleted while the watch was down does not linger in it.
+///
+/// kwok (v0.7) is no kubelet in one respect that matters here: it plays its `pod-delete`
+/// stage once per watch event of a terminating pod (the StatefulSet controller's graceful
+/// deletion, then kwok's own grace-0 deletion), and deletes by name without a uid
+/// precondition, so the second, stale job can delete the StatefulSet's replacement pod of the
+/// same name (seen as a pod whose deletion starts at grace 0 although its spec asks for
+/// more). A real kubelet never deletes a pod object. Such a kill is recorded (timeline,
+/// [`ReadyFloor::fake_kubelet_kills`]) and the floor keeps counting that member as it was just
+/// before the kill until a new incarnation is Ready; [`ReadyFloor::raw_floor`] has the count
+/// with the kills.
 pub struct ReadyFloor {
     state: Arc<Mutex<FloorState>>,
     task: tokio::task::JoinHandle<()>,
@@ -903,49 +999,160 @@ pub struct ReadyFloor {
 
 impl ReadyFloor {
     pub fn start(env: &TestEnv, instance: &str) -> ReadyFloor {
-        let pods: Api<k8s_openapi::api::core::v1::Pod> = env.api();
+        use k8s_openapi::api::core::v1::Pod;
+        let pods: Api<Pod> = env.api();
         let cfg = watcher::Config::default().labels(&format!("{INSTANCE_LABEL}={instance}"));
-        let state: Arc<Mutex<FloorState>> =
-            Arc::new(Mutex::new((std::collections::BTreeMap::new(), None, 0)));
+        let state: Arc<Mutex<FloorState>> = Arc::new(Mutex::new(FloorState::default()));
         let st = Arc::clone(&state);
+        let started = Instant::now();
         let task = tokio::spawn(async move {
             let mut stream = watcher::watcher(pods, cfg).boxed();
             let mut initialized = false;
+            let describe = |what: &'static str, p: Option<&Pod>| {
+                let ready_condition = p
+                    .and_then(|p| p.status.as_ref())
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                PodEvent {
+                    at: started.elapsed(),
+                    what,
+                    name: p.map(|p| p.name_any()).unwrap_or_default(),
+                    resource_version: p.and_then(|p| p.resource_version()).unwrap_or_default(),
+                    phase: p
+                        .and_then(|p| p.status.as_ref())
+                        .and_then(|s| s.phase.clone())
+                        .unwrap_or_default(),
+                    ready_condition,
+                    deleting: p.is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+                    grace: p.and_then(|p| p.metadata.deletion_grace_period_seconds),
+                    uid: p
+                        .and_then(|p| p.uid())
+                        .map(|u| u.chars().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect())
+                        .unwrap_or_default(),
+                    revision: p
+                        .and_then(|p| p.labels().get("controller-revision-hash").cloned())
+                        .unwrap_or_default(),
+                    node: p
+                        .and_then(|p| p.spec.as_ref())
+                        .and_then(|s| s.node_name.clone())
+                        .unwrap_or_default(),
+                    fake_kubelet_kill: false,
+                    ready_after: None,
+                    raw_ready_after: None,
+                }
+            };
             while let Some(ev) = stream.next().await {
                 let mut guard = st.lock().unwrap_or_else(|e| e.into_inner());
-                let (members, floor, events) = &mut *guard;
+                let s = &mut *guard;
+                let pod = match &ev {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p)) => Some(p),
+                    _ => None,
+                };
+                let mut record = match &ev {
+                    Ok(watcher::Event::Apply(p)) => describe("apply", Some(p)),
+                    Ok(watcher::Event::InitApply(p)) => describe("init-apply", Some(p)),
+                    Ok(watcher::Event::Delete(p)) => describe("delete", Some(p)),
+                    Ok(watcher::Event::Init) => describe("init", None),
+                    Ok(watcher::Event::InitDone) => describe("init-done", None),
+                    Err(e) => PodEvent {
+                        name: e.to_string(),
+                        ..describe("error", None)
+                    },
+                };
+                let counted = record.ready_condition && !record.deleting;
+                if let Some(p) = pod {
+                    let uid = p.uid().unwrap_or_default();
+                    let deleting = record.deleting || matches!(ev, Ok(watcher::Event::Delete(_)));
+                    if !deleting {
+                        s.alive.insert(uid.clone());
+                    } else if s.deleting.insert(uid.clone()) {
+                        // The first sign of this pod's deletion: who began it?
+                        let own_grace = p
+                            .spec
+                            .as_ref()
+                            .and_then(|sp| sp.termination_grace_period_seconds)
+                            .unwrap_or(30);
+                        let live = s.alive.contains(&uid) && !matches!(ev, Ok(watcher::Event::InitApply(_)));
+                        if live && record.grace == Some(0) && own_grace > 0 {
+                            record.fake_kubelet_kill = true;
+                            s.kills += 1;
+                            let before = s.members.get(&record.name).copied().unwrap_or(false);
+                            s.killed.insert(record.name.clone(), before);
+                        } else {
+                            // Its controller deletes it: that counts from now on.
+                            s.killed.remove(&record.name);
+                        }
+                    }
+                    if counted {
+                        s.killed.remove(&record.name);
+                    }
+                }
                 match ev {
-                    Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p)) => {
-                        let ready = p.metadata.deletion_timestamp.is_none()
-                            && p.status
-                                .as_ref()
-                                .and_then(|s| s.conditions.as_ref())
-                                .is_some_and(|c| {
-                                    c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                                });
-                        members.insert(p.name_any(), ready);
+                    Ok(watcher::Event::Apply(_)) => {
+                        s.members.insert(record.name.clone(), counted);
                     }
-                    Ok(watcher::Event::Delete(p)) => {
-                        members.remove(&p.name_any());
+                    Ok(watcher::Event::InitApply(_)) => {
+                        s.relist.insert(record.name.clone(), counted);
                     }
-                    Ok(watcher::Event::InitDone) => initialized = true,
-                    Ok(watcher::Event::Init) => initialized = false,
-                    Err(_) => continue,
+                    Ok(watcher::Event::Delete(_)) => {
+                        s.members.remove(&record.name);
+                    }
+                    Ok(watcher::Event::Init) => {
+                        initialized = false;
+                        s.relist.clear();
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        initialized = true;
+                        s.members = std::mem::take(&mut s.relist);
+                    }
+                    Err(_) => {}
                 }
-                if initialized {
-                    *events += 1;
-                    let ready = members.values().filter(|r| **r).count();
-                    *floor = Some(floor.map_or(ready, |f| f.min(ready)));
+                if initialized && !matches!(ev, Err(_)) {
+                    s.events += 1;
+                    let (ready, raw) = s.counts();
+                    s.floor = Some(s.floor.map_or(ready, |f| f.min(ready)));
+                    s.raw_floor = Some(s.raw_floor.map_or(raw, |f| f.min(raw)));
+                    record.ready_after = Some(ready);
+                    record.raw_ready_after = Some(raw);
                 }
+                s.timeline.push(record);
             }
         });
         ReadyFloor { state, task }
     }
 
-    /// (lowest Ready count seen, pod events seen) since the watch synced.
+    /// (lowest Ready count seen, pod events seen) since the watch synced; a member the fake
+    /// kubelet deleted counts as it was before (see the type's documentation).
     pub fn floor(&self) -> (Option<usize>, usize) {
         let g = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        (g.1, g.2)
+        (g.floor, g.events)
+    }
+
+    /// Lowest number of pods actually Ready at any moment, the fake kubelet's kills included.
+    pub fn raw_floor(&self) -> Option<usize> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).raw_floor
+    }
+
+    /// How many live pods kwok's stale `pod-delete` jobs deleted.
+    pub fn fake_kubelet_kills(&self) -> usize {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).kills
+    }
+
+    /// Ready members now (None before the watch synced).
+    pub fn ready_now(&self) -> Option<usize> {
+        let g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        g.floor.map(|_| g.counts().0)
+    }
+
+    /// Every watch event so far, one line each (for a failure message).
+    pub fn timeline(&self) -> String {
+        let g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        g.timeline.iter().map(|e| format!("{e}\n")).collect()
+    }
+
+    /// The recorded events themselves.
+    pub fn events(&self) -> Vec<PodEvent> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).timeline.clone()
     }
 }
 
