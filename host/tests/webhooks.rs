@@ -1091,7 +1091,7 @@ async fn service_certificate_is_issued_renewed_and_rolls_pods_one_at_a_time() ->
     let (lowest, events) = floor.floor();
     let (raw, kills) = (floor.raw_floor(), floor.fake_kubelet_kills());
     let timeline = floor.events();
-    // Pods the roll created: one new revision for the one renewal (no second stamp mid-roll).
+    // Revisions of the pods the roll created, and which pods it replaced.
     let initial: BTreeSet<&str> = timeline
         .iter()
         .filter(|e| e.what == "init-apply")
@@ -1116,6 +1116,9 @@ async fn service_certificate_is_issued_renewed_and_rolls_pods_one_at_a_time() ->
         ensure!(second != first, "certificate not renewed");
         ensure!(lowest == Some(2), "pods did not roll one at a time: fewest Ready {lowest:?}");
         ensure!(replaced.len() == 3, "not every pod was replaced: {replaced:?}");
+        // Every replacement at the new revision: a pod recreated at the old one would be
+        // restarted twice (the StatefulSet without rollingUpdate spelled out did that to pod 0).
+        ensure!(revisions.len() == 1, "replacement pods at more than one revision: {revisions:?}");
         let stamps = set_timeline.stamps();
         ensure!(
             stamps == [expected_stamp(&tls, &first), expected_stamp(&tls, &second)],

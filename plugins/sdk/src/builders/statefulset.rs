@@ -207,7 +207,11 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str) -> Value {
             "replicas": spec.replicas,
             "serviceName": ctx.headless(),
             "podManagementPolicy": if c.parallel { "Parallel" } else { "OrderedReady" },
-            "updateStrategy": { "type": "RollingUpdate" },
+            // rollingUpdate spelled out: with `type` alone the API server leaves it unset, and
+            // the StatefulSet controller then recreates a pod deleted mid-roll whose ordinal is
+            // below status.currentReplicas at the *old* revision (pod 0, last in the roll, is
+            // restarted twice).
+            "updateStrategy": { "type": "RollingUpdate", "rollingUpdate": { "partition": 0 } },
             "selector": { "matchLabels": ctx.selector() },
             // Claims outlive the StatefulSet always: deleting it (by hand, or while the
             // operator is down) must never take data with it. retentionPolicy: Delete is
