@@ -12,7 +12,9 @@
 //! permissions (list/watch/patch on Secrets, Services and StatefulSets): the controller creates
 //! the labelled Secret through `ensure-secret` and never overwrites it afterwards; the keeper
 //! fills and renews it, and patches only the one pod-template annotation (a field the
-//! controller's server-side apply does not own, so the two never fight).
+//! controller's server-side apply does not own, so the two never fight). A StatefulSet in the
+//! middle of a roll is stamped only once that roll is done ([`roll_in_progress`]), so rolls
+//! never overlap.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1107,7 +1107,7 @@ impl ReadyFloor {
                     }
                     Err(_) => {}
                 }
-                if initialized && !matches!(ev, Err(_)) {
+                if initialized && ev.is_ok() {
                     s.events += 1;
                     let (ready, raw) = s.counts();
                     s.floor = Some(s.floor.map_or(ready, |f| f.min(ready)));
