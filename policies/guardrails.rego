@@ -64,14 +64,11 @@ pod_spec := obj.spec.template.spec if kind in {"StatefulSet", "Deployment", "Rep
 pod_spec := obj.spec.jobTemplate.spec.template.spec if kind == "CronJob"
 
 # Containers that run with their own resources (ephemeral containers cannot set limits).
-workload_containers contains c if {
-	some field in ["initContainers", "containers"]
-	some c in pod_spec[field]
-}
+# Arrays rather than sets: building a set compares whole container objects, and the
+# messages are collected into a set anyway.
+workload_containers := array.concat(object.get(pod_spec, "initContainers", []), object.get(pod_spec, "containers", []))
 
-all_containers contains c if some c in workload_containers
-
-all_containers contains c if some c in pod_spec.ephemeralContainers
+all_containers := array.concat(workload_containers, object.get(pod_spec, "ephemeralContainers", []))
 
 cname(c) := object.get(c, "name", "<unnamed>")
 

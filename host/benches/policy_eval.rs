@@ -21,6 +21,10 @@ use stateward::policy::{
 
 const OPA_VERSION: &str = "v1.22.4";
 
+/// The operator binary's allocator (host/src/main.rs), so the decision costs what it costs there.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn opa_bin() -> PathBuf {
     if let Ok(p) = std::env::var("STATEWARD_OPA") {
         return PathBuf::from(p);
@@ -127,7 +131,7 @@ fn start_opa(policies: &Path) -> Opa {
         .args([
             "run",
             "--server",
-            "--disable-telemetry",
+            "--skip-version-check",
             "--log-level",
             "error",
             "--addr",

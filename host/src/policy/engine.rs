@@ -115,6 +115,9 @@ pub struct TestOutcome {
 /// stalling a reconcile (regorus' default of 25 000 is too low for large pod templates).
 const MAX_INSTRUCTIONS: usize = 5_000_000;
 
+/// The host-generated rule each decision point's RVM program runs (see `compile_rvm`).
+const DECISION_RULE: &str = "stateward_host_decision";
+
 /// A compiled, immutable bundle. Share it as `Arc<PolicyEngine>`; `evaluate` takes `&self`.
 #[derive(Debug)]
 pub struct PolicyEngine {
@@ -215,20 +218,31 @@ impl PolicyEngine {
         Ok(this)
     }
 
-    /// Compiles the `deny` (and `warn`) rules of `point` to one RVM program.
+    /// Compiles the `deny` (and `warn`) rules of `point` to one RVM program with a single
+    /// entry point, a host-generated rule `{"deny": deny, "warn": warn}` added to the package
+    /// in a private copy of the engine: one execution then computes the helper rules both sets
+    /// share (the pod spec, the container list) once instead of once per set.
     fn compile_rvm(&self, point: DecisionPoint) -> Result<Arc<Program>, String> {
-        let deny = format!("{}.deny", point.package());
-        let warn = format!("{}.warn", point.package());
+        let fields = if self.has_warn.contains(&point) {
+            r#"{"deny": deny, "warn": warn}"#
+        } else {
+            r#"{"deny": deny}"#
+        };
         let mut engine = self.engine.clone();
-        let entry: regorus::Rc<str> = deny.as_str().into();
-        let compiled = engine
-            .compile_with_entrypoint(&entry)
+        engine
+            .add_policy(
+                format!("stateward-host/{}.rego", point.name()),
+                format!(
+                    "package stateward.{}\n\n{DECISION_RULE} := {fields}\n",
+                    point.name()
+                ),
+            )
             .map_err(|e| e.to_string())?;
-        let mut entries = vec![deny.as_str()];
-        if self.has_warn.contains(&point) {
-            entries.push(warn.as_str());
-        }
-        Compiler::compile_from_policy(&compiled, &entries).map_err(|e| e.to_string())
+        let entry = format!("{}.{DECISION_RULE}", point.package());
+        let compiled = engine
+            .compile_with_entrypoint(&entry.as_str().into())
+            .map_err(|e| e.to_string())?;
+        Compiler::compile_from_policy(&compiled, &[entry.as_str()]).map_err(|e| e.to_string())
     }
 
     /// Decision points evaluated by the interpreter because the RVM compiler refused them, with
@@ -280,25 +294,12 @@ impl PolicyEngine {
             out.error = Some(format!("bundle has no package {}", point.package()));
             return out;
         }
-        // Deserialize straight from the borrowed JSON tree (no clone). regorus' `From` impl
-        // would turn a conversion failure into an undefined input, i.e. fail open.
-        let input = match to_rego(input) {
-            Ok(v) => v,
-            Err(e) => {
-                out.error = Some(format!("converting input: {e}"));
-                return out;
-            }
-        };
+        let input = to_rego_value(input);
         let deny_path = format!("{}.deny", point.package());
         let warn_path = format!("{}.warn", point.package());
         let with_warn = self.has_warn.contains(&point);
         let results = match self.programs.get(&point) {
-            Some(program) => self.run_rvm(
-                program,
-                input,
-                &deny_path,
-                with_warn.then_some(warn_path.as_str()),
-            ),
+            Some(program) => self.run_rvm(point, program, input),
             None => {
                 self.run_interpreter(input, &deny_path, with_warn.then_some(warn_path.as_str()))
             }
@@ -330,10 +331,9 @@ impl PolicyEngine {
 
     fn run_rvm(
         &self,
+        point: DecisionPoint,
         program: &Arc<Program>,
         input: regorus::Value,
-        deny: &str,
-        warn: Option<&str>,
     ) -> Result<(regorus::Value, Option<regorus::Value>), String> {
         let mut vm = RegoVM::new();
         vm.set_max_instructions(MAX_INSTRUCTIONS);
@@ -341,17 +341,12 @@ impl PolicyEngine {
         vm.set_data(self.data.clone())
             .map_err(|e| format!("loading data: {e}"))?;
         vm.set_input(input);
-        let d = vm
-            .execute_entry_point_by_name(deny)
-            .map_err(|e| format!("{deny}: {e}"))?;
-        let w = match warn {
-            Some(w) => Some(
-                vm.execute_entry_point_by_name(w)
-                    .map_err(|e| format!("{w}: {e}"))?,
-            ),
-            None => None,
-        };
-        Ok((d, w))
+        let decision = vm
+            .execute_entry_point_by_index(0)
+            .map_err(|e| format!("{}.deny: {e}", point.package()))?;
+        let field = |name: &str| decision[&regorus::Value::from(name)].clone();
+        let warn = self.has_warn.contains(&point).then(|| field("warn"));
+        Ok((field("deny"), warn))
     }
 
     fn run_interpreter(
@@ -430,6 +425,29 @@ impl PolicyEngine {
 
 fn to_rego(v: &serde_json::Value) -> Result<regorus::Value, serde_json::Error> {
     <regorus::Value as serde::Deserialize>::deserialize(v)
+}
+
+/// The per-decision input conversion: a direct walk of the borrowed JSON tree, which cannot
+/// fail (every JSON value has a Rego value) and skips serde's visitor and the key-by-key
+/// inserts (serde_json's maps are already sorted, so each object is built in one pass).
+fn to_rego_value(v: &serde_json::Value) -> regorus::Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => regorus::Value::Null,
+        J::Bool(b) => regorus::Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => regorus::Value::from(i),
+            (None, Some(u)) => regorus::Value::from(u),
+            (None, None) => regorus::Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => regorus::Value::from(s.as_str()),
+        J::Array(items) => regorus::Value::from(items.iter().map(to_rego_value).collect::<Vec<_>>()),
+        J::Object(map) => regorus::Value::from(
+            map.iter()
+                .map(|(k, v)| (regorus::Value::from(k.as_str()), to_rego_value(v)))
+                .collect::<BTreeMap<_, _>>(),
+        ),
+    }
 }
 
 /// A set (or array) of strings as sorted strings; anything else is `None`.

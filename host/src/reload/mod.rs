@@ -114,8 +114,9 @@ impl Reloader {
     ) {
         let cm_name = cm.name_any();
         let name = cm.labels().get(plugins::PLUGIN_LABEL).cloned().unwrap_or_default();
-        let fingerprint = (name.clone(), cm.annotations().get(plugins::DIGEST_ANNOTATION).cloned().unwrap_or_default()
-            + &cm.binary_data.as_ref().and_then(|d| d.get(plugins::WASM_KEY)).map_or(0, |b| b.0.len()).to_string());
+        // The annotation and the bytes' own digest: any change to either is vetted again.
+        let bytes = cm.binary_data.as_ref().and_then(|d| d.get(plugins::WASM_KEY)).map(|b| b.0.as_slice()).unwrap_or_default();
+        let fingerprint = (name.clone(), format!("{} {}", cm.annotations().get(plugins::DIGEST_ANNOTATION).map_or("", String::as_str), plugins::digest_of(bytes)));
         if seen.get(&cm_name) == Some(&fingerprint) {
             return; // a relist or a metadata-only change: nothing new to load
         }
