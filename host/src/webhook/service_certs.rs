@@ -213,15 +213,35 @@ impl CertificateKeeper {
         }
     }
 
-    /// Runs [`Self::sync`] every check interval until the process ends; errors are logged.
+    /// Runs [`Self::sync`] every check interval, and at once whenever a certificate Secret is
+    /// created or changed: a new cluster's Secret starts with placeholder bytes from
+    /// `ensure-secret`, and its pods cannot serve TLS until it holds a real certificate (the
+    /// interval is up to a minute with the default lifetimes). Errors are logged.
     pub async fn run(self) {
+        use futures::StreamExt;
+        use kube::runtime::{watcher, WatchStreamExt};
+        let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+        let secrets: kube::Api<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>> = self.api(None);
+        let config = watcher::Config::default().labels(&format!("{CERTIFICATE_LABEL}=server"));
+        let notify = std::sync::Arc::clone(&wake);
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(watcher::watcher(secrets, config).default_backoff());
+            while let Some(event) = events.next().await {
+                if let Ok(watcher::Event::Apply(_)) = event {
+                    notify.notify_one();
+                }
+            }
+        });
         loop {
             match self.sync().await {
                 Ok(n) if n > 0 => tracing::info!(issued = n, "service certificates issued"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "service certificates not kept; retrying"),
             }
-            tokio::time::sleep(self.policy.check_interval()).await;
+            tokio::select! {
+                () = tokio::time::sleep(self.policy.check_interval()) => {}
+                () = wake.notified() => {}
+            }
         }
     }
 
