@@ -9,7 +9,8 @@
 //! Durability (fsync policy): each record is written with a single `write` on a file opened
 //! with `O_APPEND`, so concurrent writers never interleave within a line. With
 //! [`FsyncPolicy::PerRecord`] (the default) the file is `fdatasync`ed before the decision is
-//! returned, so an applied decision always has its record on disk. [`FsyncPolicy::OsBuffered`]
+//! returned — for a plan, once after all its actions' records (group commit) and before any of
+//! them is applied — so an applied decision always has its record on disk. [`FsyncPolicy::OsBuffered`]
 //! skips the sync: records survive a process crash, not a power loss. Measured by the
 //! `policy_eval` bench (one guardrails decision incl. its audit line, 2 shared cores under load):
 //! OS-buffered p50 ≈ 70 µs / p99 ≈ 1.6 ms; fdatasync per record p50 ≈ 1.2 ms / p99 ≈ 6.7 ms.
@@ -137,9 +138,40 @@ impl AuditLog {
         })
     }
 
-    /// Writes one decision. On failure the log stays failed (later appends fail too, so no
-    /// torn line is ever followed by records), and the caller must deny the decision.
+    /// Writes one decision and, under [`FsyncPolicy::PerRecord`], syncs it. On failure the log
+    /// stays failed (later appends fail too, so no torn line is ever followed by records), and
+    /// the caller must deny the decision.
     pub fn append(&self, rec: &DecisionRecord<'_>) -> Result<u64, PolicyError> {
+        self.write(rec, true)
+    }
+
+    /// Writes one decision of a batch without syncing it; the batch is durable once
+    /// [`Self::sync`] returns (group commit: one `fdatasync` per plan, not per action).
+    pub fn append_unsynced(&self, rec: &DecisionRecord<'_>) -> Result<u64, PolicyError> {
+        self.write(rec, false)
+    }
+
+    /// Makes everything written so far durable (under [`FsyncPolicy::PerRecord`]). A failure
+    /// fails the log, as a failed write does.
+    pub fn sync(&self) -> Result<(), PolicyError> {
+        let mut st = self
+            .state
+            .lock()
+            .map_err(|_| PolicyError::WriteAudit("audit log lock poisoned".into()))?;
+        if let Some(why) = &st.failed {
+            return Err(PolicyError::WriteAudit(format!("audit log failed earlier: {why}")));
+        }
+        let synced = match (&st.file, st.fsync) {
+            (Some(f), FsyncPolicy::PerRecord) => f.sync_data(),
+            _ => Ok(()),
+        };
+        synced.map_err(|e| {
+            st.failed = Some(e.to_string());
+            PolicyError::WriteAudit(e.to_string())
+        })
+    }
+
+    fn write(&self, rec: &DecisionRecord<'_>, sync: bool) -> Result<u64, PolicyError> {
         let mut input = rec.input.clone();
         let mut erased = Vec::new();
         mask_secrets(&mut input, "/input", &mut erased);
@@ -199,7 +231,7 @@ impl AuditLog {
             .write_all(line.as_bytes())
             .and_then(|()| st.out.flush())
             .and_then(|()| match (&st.file, st.fsync) {
-                (Some(f), FsyncPolicy::PerRecord) => f.sync_data(),
+                (Some(f), FsyncPolicy::PerRecord) if sync => f.sync_data(),
                 _ => Ok(()),
             });
         if let Err(e) = written {

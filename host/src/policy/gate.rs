@@ -256,7 +256,7 @@ impl Gate {
         let plugin_json = json!({
             "name": plugin.name, "version": plugin.version, "digest": plugin.digest, "owns": plugin.owns,
         });
-        let actions = actions
+        let mut actions: Vec<ActionVerdict> = actions
             .iter()
             .enumerate()
             .map(|(index, a)| {
@@ -275,10 +275,20 @@ impl Gate {
                         s("/kind"),
                         s("/metadata/name")
                     ),
-                    verdict: self.decide(ctx, &requested_by, DecisionPoint::Guardrails, &input),
+                    verdict: {
+                        let ev = self.engine.evaluate(DecisionPoint::Guardrails, &input);
+                        self.enforce_and_audit(ctx, &requested_by, DecisionPoint::Guardrails, &input, ev, false)
+                    },
                 }
             })
             .collect();
+        // One sync for the whole plan (group commit); if it fails, no action is allowed.
+        if let Err(e) = self.audit.sync() {
+            for a in &mut actions {
+                a.verdict.denied.push(format!("audit-error: {e}"));
+                a.verdict.error = Some(e.to_string());
+            }
+        }
         PlanVerdict { actions }
     }
 
@@ -316,7 +326,7 @@ impl Gate {
                     error: Some(format!("encoding input: {e}")),
                     ..Evaluation::default()
                 };
-                self.enforce_and_audit(ctx, requested_by, point, &Value::Null, ev)
+                self.enforce_and_audit(ctx, requested_by, point, &Value::Null, ev, true)
             }
         }
     }
@@ -330,7 +340,7 @@ impl Gate {
         input: &Value,
     ) -> Verdict {
         let ev = self.engine.evaluate(point, input);
-        self.enforce_and_audit(ctx, requested_by, point, input, ev)
+        self.enforce_and_audit(ctx, requested_by, point, input, ev, true)
     }
 
     fn enforce_and_audit(
@@ -340,6 +350,7 @@ impl Gate {
         point: DecisionPoint,
         input: &Value,
         ev: Evaluation,
+        sync: bool,
     ) -> Verdict {
         let mut v = Verdict {
             decision_id: uuid::Uuid::new_v4().to_string(),
@@ -382,7 +393,8 @@ impl Gate {
             requested_by,
             eval_ns: ev.eval_ns,
         };
-        if let Err(e) = self.audit.append(&rec) {
+        let appended = if sync { self.audit.append(&rec) } else { self.audit.append_unsynced(&rec) };
+        if let Err(e) = appended {
             v.denied.push(format!("audit-error: {e}"));
             v.error = Some(e.to_string());
         }
