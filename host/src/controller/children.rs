@@ -1,8 +1,9 @@
 //! Shared reflector caches of every child kind, filtered to objects labelled
 //! `stateward.dev/instance`, so observing a resource costs no API read.
 
+use std::collections::{BTreeSet, HashMap};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -24,12 +25,12 @@ pub const INSTANCE_LABEL: &str = "stateward.dev/instance";
 /// One cache per child kind, plus a subscription per controller for change triggers.
 #[derive(Clone)]
 pub struct Children {
-    pub statefulsets: Store<StatefulSet>,
-    pub services: Store<Service>,
-    pub configmaps: Store<ConfigMap>,
-    pub secrets: Store<Secret>,
-    pub pdbs: Store<PodDisruptionBudget>,
-    pub pvcs: Store<PersistentVolumeClaim>,
+    statefulsets: Cached<StatefulSet>,
+    services: Cached<Service>,
+    configmaps: Cached<ConfigMap>,
+    secrets: Cached<Secret>,
+    pdbs: Cached<PodDisruptionBudget>,
+    pvcs: Cached<PersistentVolumeClaim>,
     /// Where [`Children::triggers`] subscribes from; never handed out itself.
     sources: Sources,
     /// Relists and deletions, which the shared change streams do not carry (they only
@@ -45,6 +46,99 @@ pub enum ChildChange {
     Relisted,
     /// A child carrying `stateward.dev/instance=<instance>` was deleted.
     Deleted { namespace: String, instance: String },
+}
+
+/// One kind's cache and its index by instance.
+struct Cached<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    index: Arc<RwLock<Index>>,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Clone for Cached<K> {
+    fn clone(&self) -> Self {
+        Self { store: self.store.clone(), index: Arc::clone(&self.index) }
+    }
+}
+
+/// Names of the cached children of each instance, so that observing one resource looks up its
+/// own children instead of scanning every child of the kind (which made each reconcile O(N)
+/// and the operator's CPU grow as N², benches/scale.rs). Updated from the watch events just
+/// before the cache is, so a name it lists may be missing from the cache for a moment (then
+/// skipped), never the other way round.
+#[derive(Default)]
+struct Index {
+    /// (namespace, instance) → child names.
+    by_instance: HashMap<(String, String), BTreeSet<String>>,
+    /// (namespace, name) → instance, to move or drop an entry when a child changes.
+    instance_of: HashMap<(String, String), String>,
+    /// Entries of a relist in progress, swapped in when it completes.
+    relisting: Option<Vec<(String, String, String)>>,
+}
+
+/// (namespace, name, instance) of a labelled child.
+fn index_key<K: Resource>(child: &K) -> Option<(String, String, String)> {
+    let instance = child.labels().get(INSTANCE_LABEL)?.clone();
+    Some((child.namespace()?, child.name_any(), instance))
+}
+
+impl Index {
+    fn insert(&mut self, (ns, name, instance): (String, String, String)) {
+        if let Some(old) = self.instance_of.insert((ns.clone(), name.clone()), instance.clone()) {
+            if old != instance {
+                self.forget(&ns, &name, &old);
+            }
+        }
+        self.by_instance.entry((ns, instance)).or_default().insert(name);
+    }
+
+    fn forget(&mut self, ns: &str, name: &str, instance: &str) {
+        let key = (ns.to_string(), instance.to_string());
+        if let Some(names) = self.by_instance.get_mut(&key) {
+            names.remove(name);
+            if names.is_empty() {
+                self.by_instance.remove(&key);
+            }
+        }
+    }
+
+    fn update<K: Resource>(&mut self, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Init => self.relisting = Some(Vec::new()),
+            watcher::Event::InitApply(child) => {
+                if let Some(key) = index_key(child) {
+                    self.relisting.get_or_insert_with(Vec::new).push(key);
+                }
+            }
+            watcher::Event::InitDone => {
+                let listed = self.relisting.take().unwrap_or_default();
+                self.by_instance.clear();
+                self.instance_of.clear();
+                for key in listed {
+                    self.insert(key);
+                }
+            }
+            watcher::Event::Apply(child) => match index_key(child) {
+                Some(key) => self.insert(key),
+                None => self.remove(&child.namespace().unwrap_or_default(), &child.name_any()),
+            },
+            watcher::Event::Delete(child) => {
+                self.remove(&child.namespace().unwrap_or_default(), &child.name_any());
+            }
+        }
+    }
+
+    fn remove(&mut self, ns: &str, name: &str) {
+        if let Some(instance) = self.instance_of.remove(&(ns.to_string(), name.to_string())) {
+            self.forget(ns, name, &instance);
+        }
+    }
+
+    fn names(&self, ns: &str, instance: &str) -> Vec<String> {
+        self.by_instance
+            .get(&(ns.to_string(), instance.to_string()))
+            .map(|names| names.iter().cloned().collect())
+            .unwrap_or_default()
+    }
 }
 
 /// Change streams of every child kind, one set per controller ([`Children::triggers`]).
@@ -124,7 +218,7 @@ fn start<K>(
     client: &Client,
     namespace: Option<&str>,
     changes: &broadcast::Sender<ChildChange>,
-) -> (Store<K>, ReflectHandle<K>)
+) -> (Cached<K>, ReflectHandle<K>)
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -140,8 +234,19 @@ where
         .expect("store_shared always gives a subscribable writer");
     let config = watcher::Config::default().labels(INSTANCE_LABEL);
     let changes = changes.clone();
+    let index = Arc::new(RwLock::new(Index::default()));
+    let indexing = Arc::clone(&index);
     let stream = watcher(api::<K>(client, namespace), config)
         .backoff(watch_backoff())
+        // managedFields are never read from the cache and are often the larger part of a
+        // child's metadata: dropped before caching, they do not cost memory per child.
+        .modify(|child| child.meta_mut().managed_fields = None)
+        .map(move |event| {
+            if let Ok(event) = &event {
+                indexing.write().unwrap_or_else(PoisonError::into_inner).update(event);
+            }
+            event
+        })
         .reflect_shared(writer)
         .for_each(move |event| {
             match event {
@@ -162,7 +267,7 @@ where
             std::future::ready(())
         });
     tokio::spawn(stream);
-    (store, handle)
+    (Cached { store, index }, handle)
 }
 
 /// Retries a broken child watch quickly, doubling from 0.5 s to at most 5 s: until it is
@@ -248,12 +353,12 @@ impl Children {
 
     /// Resolves once every cache has listed; nothing may be written before that.
     pub async fn wait_until_synced(&self) -> Result<(), reflector::store::WriterDropped> {
-        self.statefulsets.wait_until_ready().await?;
-        self.services.wait_until_ready().await?;
-        self.configmaps.wait_until_ready().await?;
-        self.secrets.wait_until_ready().await?;
-        self.pdbs.wait_until_ready().await?;
-        self.pvcs.wait_until_ready().await
+        self.statefulsets.store.wait_until_ready().await?;
+        self.services.store.wait_until_ready().await?;
+        self.configmaps.store.wait_until_ready().await?;
+        self.secrets.store.wait_until_ready().await?;
+        self.pdbs.store.wait_until_ready().await?;
+        self.pvcs.store.wait_until_ready().await
     }
 
     /// Every child of `namespace/name`, as JSON with apiVersion and kind, in a stable order.
@@ -270,31 +375,72 @@ impl Children {
 
     pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
         self.secrets
+            .store
             .get(&reflector::ObjectRef::new(name).within(namespace))
     }
 }
 
-fn collect<K>(store: &Store<K>, namespace: &str, name: &str, out: &mut Vec<Value>)
+fn collect<K>(cached: &Cached<K>, namespace: &str, name: &str, out: &mut Vec<Value>)
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + 'static,
 {
-    let mut found: Vec<Arc<K>> = store
-        .state()
-        .into_iter()
-        .filter(|o| o.namespace().as_deref() == Some(namespace))
-        .filter(|o| o.labels().get(INSTANCE_LABEL).map(String::as_str) == Some(name))
-        .collect();
-    found.sort_by_key(|o| o.name_any());
+    let names = cached.index.read().unwrap_or_else(PoisonError::into_inner).names(namespace, name);
+    // Sorted by name (the index keeps names ordered); the label is checked again on the cached
+    // object itself, which may be newer than the index.
+    let found = names.iter().filter_map(|child| {
+        cached
+            .store
+            .get(&reflector::ObjectRef::new(child).within(namespace))
+            .filter(|o| o.labels().get(INSTANCE_LABEL).map(String::as_str) == Some(name))
+    });
     for object in found {
         if let Ok(mut value) = serde_json::to_value(object.as_ref()) {
             // k8s-openapi omits apiVersion/kind on the typed struct's serialisation only when
             // constructed by hand; objects from the API carry them, but make sure.
             value["apiVersion"] = Value::String(K::api_version(&()).to_string());
             value["kind"] = Value::String(K::kind(&()).to_string());
-            if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
-                meta.remove("managedFields");
-            }
             out.push(value);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn child(ns: &str, name: &str, instance: Option<&str>) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.namespace = Some(ns.into());
+        cm.metadata.name = Some(name.into());
+        cm.metadata.labels = instance.map(|i| [(INSTANCE_LABEL.to_string(), i.to_string())].into());
+        cm
+    }
+
+    #[test]
+    fn the_index_follows_applies_relabels_deletes_and_relists() {
+        let mut index = Index::default();
+        index.update(&watcher::Event::Apply(child("a", "db-config", Some("db"))));
+        index.update(&watcher::Event::Apply(child("a", "db-scripts", Some("db"))));
+        index.update(&watcher::Event::Apply(child("b", "db-config", Some("db"))));
+        assert_eq!(index.names("a", "db"), ["db-config", "db-scripts"]);
+        assert_eq!(index.names("b", "db"), ["db-config"]);
+
+        // Relabelled to another instance, then unlabelled: it moves, then goes.
+        index.update(&watcher::Event::Apply(child("a", "db-scripts", Some("cache"))));
+        assert_eq!(index.names("a", "db"), ["db-config"]);
+        assert_eq!(index.names("a", "cache"), ["db-scripts"]);
+        index.update(&watcher::Event::Apply(child("a", "db-scripts", None)));
+        assert!(index.names("a", "cache").is_empty());
+
+        index.update(&watcher::Event::Delete(child("a", "db-config", Some("db"))));
+        assert!(index.names("a", "db").is_empty());
+
+        // A relist replaces everything once it is done, not before.
+        index.update::<ConfigMap>(&watcher::Event::Init);
+        index.update(&watcher::Event::InitApply(child("c", "x", Some("y"))));
+        assert_eq!(index.names("b", "db"), ["db-config"]);
+        index.update::<ConfigMap>(&watcher::Event::InitDone);
+        assert!(index.names("b", "db").is_empty());
+        assert_eq!(index.names("c", "y"), ["x"]);
     }
 }
