@@ -404,8 +404,17 @@ async fn count_phases(store: kube::runtime::reflector::Store<DynamicObject>, ctx
 }
 
 /// A child points at the resource named by its instance label, in its own namespace.
+/// The custom resource a child change wakes. A child whose controller owner is one of our
+/// kinds wakes only that kind's controller (the other two would reconcile a name they do not
+/// have); a child without one (a claim made from a volumeClaimTemplate) wakes every kind.
 fn mapper<K: kube::Resource>(ar: &ApiResource, child: Arc<K>) -> Option<ObjectRef<DynamicObject>> {
     let name = child.labels().get(INSTANCE_LABEL)?.clone();
+    let owner = child.owner_references().iter().find(|o| o.controller == Some(true));
+    if let Some(owner) = owner.filter(|o| o.api_version.starts_with(&format!("{}/", ar.group))) {
+        if owner.kind != ar.kind {
+            return None;
+        }
+    }
     Some(ObjectRef::new_with(&name, ar.clone()).within(&child.namespace()?))
 }
 
