@@ -265,13 +265,7 @@ fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
     for plugin in registry.plugins() {
         let verdict = gate.plugin_load(
             &stateward::policy::DecisionContext::default(),
-            &stateward::policy::PluginLoad {
-                name: plugin.name().to_string(),
-                version: plugin.version().to_string(),
-                digest: format!("sha256:{}", plugin.digest()),
-                size: plugin.size() as u64,
-                kinds: stateward::reload::plugins::kind_refs(&plugin),
-            },
+            &stateward::reload::plugins::load_input(&plugin),
         );
         if !verdict.allowed() {
             bail!("built-in plugin {} is denied by the plugins policy: {}", plugin.name(), verdict.denied.join("; "));

@@ -38,6 +38,17 @@ impl std::fmt::Display for Rejection {
     }
 }
 
+/// The `stateward.plugins` policy input for a loaded build (hot-loaded or built in).
+pub fn load_input(plugin: &Plugin) -> PluginLoad {
+    PluginLoad {
+        name: plugin.name().to_string(),
+        version: plugin.version().to_string(),
+        digest: format!("sha256:{}", plugin.digest()),
+        size: plugin.size() as u64,
+        kinds: kind_refs(plugin),
+    }
+}
+
 /// `sha256:<hex>` of a component.
 pub fn digest_of(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
@@ -115,16 +126,9 @@ pub fn vet(
             format!("the component calls itself {:?} but the label {PLUGIN_LABEL} says {name:?}", plugin.name()),
         ));
     }
-    let kinds = kind_refs(&plugin);
     let verdict = gate.plugin_load(
         &DecisionContext { requested_by: format!("configmap/{}/{}", cm.namespace().unwrap_or_default(), cm.name_any()), ..DecisionContext::default() },
-        &PluginLoad {
-            name: name.clone(),
-            version: plugin.version().to_string(),
-            digest: actual,
-            size: bytes.len() as u64,
-            kinds,
-        },
+        &load_input(&plugin),
     );
     if !verdict.allowed() {
         let mut messages = verdict.denied.clone();
