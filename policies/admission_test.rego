@@ -28,13 +28,6 @@ test_retention_delete_by_admin_allowed if {
 	count(admission.deny) == 0 with input as req("CREATE", admin, cluster({"replicas": 3, "retentionPolicy": "Delete"}), null)
 }
 
-# Cluster superusers (the system:masters group) can rewrite the webhook configuration anyway;
-# the shipped bindings give them the admin role so a cluster admin is not refused.
-test_retention_delete_by_cluster_superuser_allowed if {
-	root := {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]}
-	count(admission.deny) == 0 with input as req("CREATE", root, cluster({"replicas": 3, "retentionPolicy": "Delete"}), null)
-}
-
 test_retention_delete_unchanged_allowed if {
 	spec := {"replicas": 3, "retentionPolicy": "Delete"}
 	count(admission.deny) == 0 with input as req("UPDATE", dev, cluster(spec), cluster(spec))

@@ -269,8 +269,9 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     ("webhook/service_certs.rs", ".patch(", 2),
     ("webhook/service_certs.rs", "Api::all", 1),
     ("webhook/service_certs.rs", "Api::namespaced", 2),
-    // A metadata watch of the labelled certificate Secrets (list/watch, as for children).
-    ("webhook/service_certs.rs", "watcher(", 1),
+    // Metadata watches of the labelled certificate Secrets and the instances' Services
+    // (list/watch, as for children).
+    ("webhook/service_certs.rs", "watcher(", 2),
     // Lease create / replace (acquire, renew, release) / get_opt (twice).
     ("leader.rs", ".create(", 1),
     ("leader.rs", ".replace(", 2),

@@ -213,21 +213,33 @@ impl CertificateKeeper {
         }
     }
 
-    /// Runs [`Self::sync`] every check interval, and at once whenever a certificate Secret is
-    /// created or changed: a new cluster's Secret starts with placeholder bytes from
-    /// `ensure-secret`, and its pods cannot serve TLS until it holds a real certificate (the
-    /// interval is up to a minute with the default lifetimes). Errors are logged.
+    /// Runs [`Self::sync`] every check interval, and half a second after a certificate Secret
+    /// or an instance's Service is created or changed: a new cluster's Secret starts with
+    /// placeholder bytes from `ensure-secret`, and its pods cannot serve TLS until it holds a
+    /// real certificate (the interval is up to a minute with the default lifetimes). A pass
+    /// lists Secrets, Services and StatefulSets once each, whatever the number of clusters.
+    /// Errors are logged.
     pub async fn run(self) {
         use futures::StreamExt;
         use kube::runtime::{watcher, WatchStreamExt};
+        use k8s_openapi::api::core::v1::{Secret, Service};
+        use kube::core::PartialObjectMeta;
         let wake = std::sync::Arc::new(tokio::sync::Notify::new());
-        let secrets: kube::Api<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Secret>> = self.api(None);
-        let config = watcher::Config::default().labels(&format!("{CERTIFICATE_LABEL}=server"));
+        // A certificate needs its Secret and the instance's Services (its names): a change to
+        // either wakes a pass.
+        let secrets: kube::Api<PartialObjectMeta<Secret>> = self.api(None);
+        let services: kube::Api<PartialObjectMeta<Service>> = self.api(None);
+        let secret_events = watcher::watcher(secrets, watcher::Config::default().labels(&format!("{CERTIFICATE_LABEL}=server")))
+            .default_backoff()
+            .map(|e| matches!(e, Ok(watcher::Event::Apply(_))));
+        let service_events = watcher::watcher(services, watcher::Config::default().labels(INSTANCE_LABEL))
+            .default_backoff()
+            .map(|e| matches!(e, Ok(watcher::Event::Apply(_))));
         let notify = std::sync::Arc::clone(&wake);
         tokio::spawn(async move {
-            let mut events = std::pin::pin!(watcher::watcher(secrets, config).default_backoff());
-            while let Some(event) = events.next().await {
-                if let Ok(watcher::Event::Apply(_)) = event {
+            let mut events = std::pin::pin!(futures::stream::select(secret_events, service_events));
+            while let Some(changed) = events.next().await {
+                if changed {
                     notify.notify_one();
                 }
             }
@@ -240,7 +252,8 @@ impl CertificateKeeper {
             }
             tokio::select! {
                 () = tokio::time::sleep(self.policy.check_interval()) => {}
-                () = wake.notified() => {}
+                // A plan writes its Secret and Services within moments: one pass for the lot.
+                () = wake.notified() => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
             }
         }
     }
@@ -266,6 +279,20 @@ impl CertificateKeeper {
             .list(&ListParams::default().labels(&format!("{CERTIFICATE_LABEL}=server")))
             .await
             .map_err(WebhookError::kube("listing certificate Secrets"))?;
+        // Every instance's Services in one call (a pass costs the same for 1 or 1000 clusters).
+        let services: kube::Api<Service> = self.api(None);
+        let mut services_by_ns: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        for service in services
+            .list(&ListParams::default().labels(INSTANCE_LABEL))
+            .await
+            .map_err(WebhookError::kube("listing the instances' Services"))?
+        {
+            let Some(ns) = service.metadata.namespace.clone() else { continue };
+            if let Ok(mut value) = serde_json::to_value(&service) {
+                value["kind"] = json!("Service");
+                services_by_ns.entry(ns).or_default().push(value);
+            }
+        }
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let mut issued = 0;
         let mut by_namespace: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
@@ -282,21 +309,8 @@ impl CertificateKeeper {
             else {
                 continue;
             };
-            let services: kube::Api<Service> = self.api(Some(&ns));
-            let listed = services
-                .list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={instance}")))
-                .await
-                .map_err(WebhookError::kube("listing an instance's Services"))?;
-            let objects: Vec<Value> = listed
-                .items
-                .iter()
-                .filter_map(|s| serde_json::to_value(s).ok())
-                .map(|mut v| {
-                    v["kind"] = json!("Service");
-                    v
-                })
-                .collect();
-            let sans = service_sans(&objects, &instance, &ns);
+            let objects = services_by_ns.get(&ns).map(Vec::as_slice).unwrap_or_default();
+            let sans = service_sans(objects, &instance, &ns);
             let text = |k: &str| {
                 secret
                     .data
