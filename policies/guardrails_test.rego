@@ -203,3 +203,16 @@ test_image_without_registry_is_docker_hub if {
 	not guardrails.allowed_image("evil.example:5000/postgres:17")
 	not guardrails.allowed_image("localhost/postgres:17")
 }
+
+test_registry_port_is_not_a_tag if {
+	guardrails.pinned("quay.io:443/postgres:17")
+	not guardrails.pinned("quay.io:443/postgres")
+	not guardrails.pinned("postgres@sha1:1111")
+	guardrails.allowed_image("quay.io/postgres")
+	not guardrails.allowed_image("quay.io:443/postgres:17")
+}
+
+test_delete_skips_pod_checks if {
+	o := sts({"hostNetwork": true, "containers": [object.union(container, {"securityContext": {"privileged": true}})]})
+	count(guardrails.deny) == 0 with input as {"plugin": plugin, "resource": resource, "action": {"verb": "delete", "object": o}}
+}

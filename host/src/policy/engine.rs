@@ -1,10 +1,12 @@
 //! The compiled policy engine, built once per bundle digest. Decisions run on regorus' RVM: each
 //! decision point's `deny`/`warn` rules are compiled to one bytecode program at load time and
-//! every decision executes it in a fresh, cheap VM (no lock, no re-parse). A warmed interpreter
+//! every decision executes it in a VM kept per thread (no lock, no re-parse). A warmed interpreter
 //! `regorus::Engine` (cloned per call; a clone shares the parsed modules and data) serves tests,
 //! ad-hoc queries, and any decision point the RVM compiler cannot handle.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -118,9 +120,20 @@ const MAX_INSTRUCTIONS: usize = 5_000_000;
 /// The host-generated rule each decision point's RVM program runs (see `compile_rvm`).
 const DECISION_RULE: &str = "stateward_host_decision";
 
+/// Engine ids, so a thread's cached VM is never used with another engine's program or data.
+static NEXT_ENGINE_ID: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The VM of the last RVM decision on this thread, keyed by engine id and decision point.
+    /// It holds a reference to that engine's program and data until the thread's next decision
+    /// on another engine or point replaces it.
+    static RVM: RefCell<Option<((u64, DecisionPoint), RegoVM)>> = const { RefCell::new(None) };
+}
+
 /// A compiled, immutable bundle. Share it as `Arc<PolicyEngine>`; `evaluate` takes `&self`.
 #[derive(Debug)]
 pub struct PolicyEngine {
+    id: u64,
     engine: regorus::Engine,
     data: regorus::Value,
     programs: BTreeMap<DecisionPoint, Arc<Program>>,
@@ -185,6 +198,7 @@ impl PolicyEngine {
 
         let data = engine.get_data();
         let mut this = Self {
+            id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
             engine,
             data,
             programs: BTreeMap::new(),
@@ -295,13 +309,16 @@ impl PolicyEngine {
             return out;
         }
         let input = to_rego_value(input);
-        let deny_path = format!("{}.deny", point.package());
-        let warn_path = format!("{}.warn", point.package());
+        // Rule paths are only formatted when needed (interpreter, errors): a decision is short
+        // enough for a few string allocations to show.
+        let deny_path = || format!("{}.deny", point.package());
+        let warn_path = || format!("{}.warn", point.package());
         let with_warn = self.has_warn.contains(&point);
         let results = match self.programs.get(&point) {
             Some(program) => self.run_rvm(point, program, input),
             None => {
-                self.run_interpreter(input, &deny_path, with_warn.then_some(warn_path.as_str()))
+                let warn = with_warn.then(warn_path);
+                self.run_interpreter(input, &deny_path(), warn.as_deref())
             }
         };
         match results {
@@ -310,7 +327,7 @@ impl PolicyEngine {
                 match messages(&deny) {
                     Some(m) => out.deny = m,
                     None => {
-                        out.error = Some(format!("{deny_path} is not a set of strings: {deny}"))
+                        out.error = Some(format!("{} is not a set of strings: {deny}", deny_path()))
                     }
                 }
                 match warn {
@@ -318,7 +335,8 @@ impl PolicyEngine {
                     Some(w) => match messages(&w) {
                         Some(m) => out.warn = m,
                         None if out.error.is_none() => {
-                            out.error = Some(format!("{warn_path} is not a set of strings: {w}"));
+                            out.error =
+                                Some(format!("{} is not a set of strings: {w}", warn_path()));
                         }
                         None => {}
                     },
@@ -335,18 +353,52 @@ impl PolicyEngine {
         program: &Arc<Program>,
         input: regorus::Value,
     ) -> Result<(regorus::Value, Option<regorus::Value>), String> {
+        let decision = RVM.with(|cell| {
+            // Re-entrant use (none today) gets a fresh VM instead of a borrow panic.
+            let Ok(mut cached) = cell.try_borrow_mut() else {
+                return self.execute(&mut self.new_vm(program)?, point, input);
+            };
+            let key = (self.id, point);
+            let vm = match &mut *cached {
+                Some((k, vm)) if *k == key => vm,
+                slot => &mut slot.insert((key, self.new_vm(program)?)).1,
+            };
+            let result = self.execute(vm, point, input);
+            // Release this decision's input now rather than when the thread's next decision
+            // replaces it; after a failed execution, start the next one from a new VM.
+            vm.set_input(regorus::Value::Undefined);
+            if result.is_err() {
+                *cached = None;
+            }
+            result
+        })?;
+        let field = |name: &str| decision[&regorus::Value::from(name)].clone();
+        let warn = self.has_warn.contains(&point).then(|| field("warn"));
+        Ok((field("deny"), warn))
+    }
+
+    /// A VM with `program` and the bundle's data loaded. Loading costs about as much as a tenth
+    /// of a decision (`set_data` checks the data against every rule path), so each thread keeps
+    /// one per engine and decision point (`RVM`); every execution starts from a clean state
+    /// (regorus resets the rule cache, registers and stacks at each entry point call).
+    fn new_vm(&self, program: &Arc<Program>) -> Result<RegoVM, String> {
         let mut vm = RegoVM::new();
         vm.set_max_instructions(MAX_INSTRUCTIONS);
         vm.load_program(program.clone());
         vm.set_data(self.data.clone())
             .map_err(|e| format!("loading data: {e}"))?;
+        Ok(vm)
+    }
+
+    fn execute(
+        &self,
+        vm: &mut RegoVM,
+        point: DecisionPoint,
+        input: regorus::Value,
+    ) -> Result<regorus::Value, String> {
         vm.set_input(input);
-        let decision = vm
-            .execute_entry_point_by_index(0)
-            .map_err(|e| format!("{}.deny: {e}", point.package()))?;
-        let field = |name: &str| decision[&regorus::Value::from(name)].clone();
-        let warn = self.has_warn.contains(&point).then(|| field("warn"));
-        Ok((field("deny"), warn))
+        vm.execute_entry_point_by_index(0)
+            .map_err(|e| format!("{}.deny: {e}", point.package()))
     }
 
     fn run_interpreter(
@@ -428,8 +480,9 @@ fn to_rego(v: &serde_json::Value) -> Result<regorus::Value, serde_json::Error> {
 }
 
 /// The per-decision input conversion: a direct walk of the borrowed JSON tree, which cannot
-/// fail (every JSON value has a Rego value) and skips serde's visitor and the key-by-key
-/// inserts (serde_json's maps are already sorted, so each object is built in one pass).
+/// fail (every JSON value has a Rego value) and skips serde's visitor. Objects are built by
+/// inserting serde_json's already sorted entries one by one: measured ~20 % cheaper than
+/// `collect::<BTreeMap<_, _>>()`, which buffers, sorts and deduplicates them first.
 fn to_rego_value(v: &serde_json::Value) -> regorus::Value {
     use serde_json::Value as J;
     match v {
@@ -441,12 +494,16 @@ fn to_rego_value(v: &serde_json::Value) -> regorus::Value {
             (None, None) => regorus::Value::from(n.as_f64().unwrap_or(f64::NAN)),
         },
         J::String(s) => regorus::Value::from(s.as_str()),
-        J::Array(items) => regorus::Value::from(items.iter().map(to_rego_value).collect::<Vec<_>>()),
-        J::Object(map) => regorus::Value::from(
-            map.iter()
-                .map(|(k, v)| (regorus::Value::from(k.as_str()), to_rego_value(v)))
-                .collect::<BTreeMap<_, _>>(),
-        ),
+        J::Array(items) => {
+            regorus::Value::from(items.iter().map(to_rego_value).collect::<Vec<_>>())
+        }
+        J::Object(map) => {
+            let mut object = BTreeMap::new();
+            for (k, v) in map {
+                object.insert(regorus::Value::from(k.as_str()), to_rego_value(v));
+            }
+            regorus::Value::from(object)
+        }
     }
 }
 
@@ -515,4 +572,56 @@ fn read_enforcement(
         out.insert(point, modes);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::policy::bundle::BundleFile;
+
+    fn engine(limit: u64) -> PolicyEngine {
+        let file = |name: &str, contents: String| BundleFile {
+            name: name.into(),
+            contents,
+        };
+        let bundle = Bundle::from_files([
+            file(
+                "g.rego",
+                "package stateward.guardrails\n\ndeny contains \"over\" if input.n > data.limit\n"
+                    .into(),
+            ),
+            file(
+                "p.rego",
+                "package stateward.plugins\n\ndeny contains \"odd\" if input.n % 2 == 1\n".into(),
+            ),
+            file("data.json", format!("{{\"limit\": {limit}}}")),
+        ])
+        .unwrap();
+        PolicyEngine::compile(&bundle).unwrap()
+    }
+
+    /// The per-thread VM is keyed by engine and decision point: alternating between two
+    /// engines (another bundle's data) and two points on one thread never mixes them up.
+    #[test]
+    fn per_thread_vm_follows_engine_and_point() {
+        let (low, high) = (engine(1), engine(10));
+        let input = serde_json::json!({"n": 5});
+        for _ in 0..3 {
+            assert_eq!(
+                low.evaluate(DecisionPoint::Guardrails, &input).deny,
+                ["over"]
+            );
+            assert!(high
+                .evaluate(DecisionPoint::Guardrails, &input)
+                .deny
+                .is_empty());
+            assert_eq!(high.evaluate(DecisionPoint::Plugins, &input).deny, ["odd"]);
+            assert!(low
+                .evaluate(DecisionPoint::Guardrails, &serde_json::json!({"n": 0}))
+                .deny
+                .is_empty());
+        }
+        assert!(low.rvm_fallbacks().is_empty() && high.rvm_fallbacks().is_empty());
+    }
 }
