@@ -216,3 +216,8 @@ test_delete_skips_pod_checks if {
 	o := sts({"hostNetwork": true, "containers": [object.union(container, {"securityContext": {"privileged": true}})]})
 	count(guardrails.deny) == 0 with input as {"plugin": plugin, "resource": resource, "action": {"verb": "delete", "object": o}}
 }
+
+test_declared_kind_with_more_fields_is_owned if {
+	p := object.union(plugin, {"owns": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "group": "apps"}]})
+	count(guardrails.deny) == 0 with input as {"plugin": p, "resource": resource, "action": {"verb": "apply", "object": sts(good_pod)}}
+}
