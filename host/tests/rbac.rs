@@ -242,7 +242,6 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     ("controller/reconcile.rs", "Api::namespaced", 1),
     ("reload/mod.rs", "watcher(", 1),
     ("reload/mod.rs", "Api::namespaced", 1),
-    ("reload/mod.rs", "Recorder::new", 1),
     // Not an API call: LiveGate::replace (a new policy bundle).
     ("reload/mod.rs", ".replace(", 1),
     // The webhook's own permissions are in deploy/webhook/{clusterrole,role}.yaml (and

@@ -5,38 +5,51 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::core::DynamicObject;
 use kube::runtime::events::{Event, EventType as KubeEventType, Recorder, Reporter};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 
 use crate::runtime::EventType;
 
 const WINDOW: Duration = Duration::from_secs(300);
 const MAX_REMEMBERED: usize = 10_000;
 
-pub struct Events {
+/// Publishes Events to any object, deduplicated by (object, reason, message) within the window:
+/// the custom resources' [`Events`] and the reloader's Events on ConfigMaps share it.
+pub struct Publisher {
     recorder: Recorder,
-    kind: kube::core::ApiResource,
     recent: Mutex<HashMap<(String, String, String), Instant>>,
 }
 
-impl Events {
-    pub fn new(client: Client, instance: &str, kind: kube::core::ApiResource) -> Self {
+impl Publisher {
+    pub fn new(client: Client, instance: &str) -> Self {
         let reporter = Reporter {
             controller: "stateward".into(),
             instance: Some(instance.to_string()),
         };
         Self {
             recorder: Recorder::new(client, reporter),
-            kind,
             recent: Mutex::new(HashMap::new()),
         }
     }
 
     /// Publishes unless the same event went out for this object within the window.
-    pub async fn publish(&self, obj: &DynamicObject, type_: EventType, reason: &str, message: &str) {
+    pub async fn publish(
+        &self,
+        reference: &ObjectReference,
+        type_: KubeEventType,
+        reason: &str,
+        message: &str,
+        action: &str,
+    ) {
         let key = (
-            format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()),
+            format!(
+                "{}/{}/{}",
+                reference.kind.as_deref().unwrap_or_default(),
+                reference.namespace.as_deref().unwrap_or_default(),
+                reference.name.as_deref().unwrap_or_default()
+            ),
             reason.to_string(),
             message.to_string(),
         );
@@ -52,18 +65,36 @@ impl Events {
             recent.insert(key, now);
         }
         let event = Event {
-            type_: match type_ {
-                EventType::Normal => KubeEventType::Normal,
-                EventType::Warning => KubeEventType::Warning,
-            },
+            type_,
             reason: reason.to_string(),
             note: Some(message.chars().take(1000).collect()),
-            action: "Reconcile".into(),
+            action: action.into(),
             secondary: None,
         };
-        let reference = obj.object_ref(&self.kind);
-        if let Err(err) = self.recorder.publish(&event, &reference).await {
+        if let Err(err) = self.recorder.publish(&event, reference).await {
             tracing::warn!(error = %err, reason, "cannot publish event");
         }
+    }
+}
+
+/// Events on the custom resources of one kind.
+pub struct Events {
+    publisher: Publisher,
+    kind: kube::core::ApiResource,
+}
+
+impl Events {
+    pub fn new(client: Client, instance: &str, kind: kube::core::ApiResource) -> Self {
+        Self { publisher: Publisher::new(client, instance), kind }
+    }
+
+    /// Publishes unless the same event went out for this object within the window.
+    pub async fn publish(&self, obj: &DynamicObject, type_: EventType, reason: &str, message: &str) {
+        let type_ = match type_ {
+            EventType::Normal => KubeEventType::Normal,
+            EventType::Warning => KubeEventType::Warning,
+        };
+        let reference = obj.object_ref(&self.kind);
+        self.publisher.publish(&reference, type_, reason, message, "Reconcile").await;
     }
 }

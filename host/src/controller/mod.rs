@@ -6,7 +6,7 @@ mod apply;
 mod backoff;
 mod children;
 mod error;
-mod events;
+pub(crate) mod events;
 mod reconcile;
 mod status;
 pub mod sweep;
@@ -140,7 +140,7 @@ pub async fn run(
         metrics: metrics.clone(),
         debug: debug.clone(),
         leadership: leadership.clone(),
-        identity: settings.leader.identity.clone(),
+        events: Arc::new(events::Publisher::new(client.clone(), &settings.leader.identity)),
         swaps: swaps.clone(),
     };
     let mut reloaded = reloader.spawn();

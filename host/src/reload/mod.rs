@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
@@ -47,7 +47,8 @@ pub struct Reloader {
     pub metrics: Metrics,
     pub debug: DebugState,
     pub leadership: Leadership,
-    pub identity: String,
+    /// Events on the ConfigMaps, deduplicated like the custom resources' Events.
+    pub events: Arc<crate::controller::events::Publisher>,
     pub swaps: broadcast::Sender<Swap>,
 }
 
@@ -264,20 +265,8 @@ impl Reloader {
 
     /// An Event on the ConfigMap, from the leader only (standbys reload silently).
     async fn event(&self, cm: &ConfigMap, type_: EventType, reason: &str, note: &str) {
-        if !self.leadership.is_leader() {
-            return;
-        }
-        let reporter = Reporter { controller: "stateward".into(), instance: Some(self.identity.clone()) };
-        let recorder = Recorder::new(self.client.clone(), reporter);
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "Reload".into(),
-            secondary: None,
-        };
-        if let Err(err) = recorder.publish(&event, &cm.object_ref(&())).await {
-            tracing::warn!(error = %err, reason, "cannot publish event");
+        if self.leadership.is_leader() {
+            self.events.publish(&cm.object_ref(&()), type_, reason, note, "Reload").await;
         }
     }
 }
