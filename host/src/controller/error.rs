@@ -20,6 +20,10 @@ pub enum Error {
     Resource(String, String),
     #[error("no longer the leader; refusing to write")]
     NotLeader,
+    #[error("metadata.name: {0} in this namespace already has this name; its children, volumes and credentials are named after it, so this resource is left alone (nothing written, nothing deleted): rename it")]
+    NameConflict(super::claims::Holder),
+    #[error("the {0} cache has not listed yet (is its CRD installed, and may the operator list it?): cannot tell whether this name is taken")]
+    CacheNotReady(String),
 }
 
 impl Error {
@@ -30,6 +34,8 @@ impl Error {
             Self::Api { .. } => "api_error",
             Self::Resource(..) => "bad_resource",
             Self::NotLeader => "not_leader",
+            Self::NameConflict(_) => "name_conflict",
+            Self::CacheNotReady(_) => "cache_not_ready",
         }
     }
 
@@ -41,6 +47,8 @@ impl Error {
             Self::Api { .. } => "ApiError",
             Self::Resource(..) => "InvalidResource",
             Self::NotLeader => "NotLeader",
+            Self::NameConflict(_) => "NameConflict",
+            Self::CacheNotReady(_) => "CacheNotReady",
         }
     }
 

@@ -5,6 +5,7 @@
 mod apply;
 mod backoff;
 mod children;
+mod claims;
 mod error;
 pub(crate) mod events;
 mod reconcile;
@@ -70,6 +71,7 @@ pub struct Context {
     metrics: Metrics,
     events: events::Events,
     findings: sweep::Findings,
+    claims: claims::NameClaims,
     applier: Arc<apply::Applier>,
     backoff: backoff::Backoff,
     leadership: Leadership,
@@ -254,7 +256,8 @@ where
     F: std::future::Future<Output = ()> + Send + Sync + 'static,
 {
     let registry: Registry = shared.registry.snapshot();
-    let mut tasks = Vec::new();
+    let claims = claims::NameClaims::default();
+    let mut built = Vec::new();
     for plugin in registry.plugins() {
         for kind in &plugin.info().kinds {
             let storage = kind.storage_version().ok_or_else(|| RunError::NoStorageVersion {
@@ -277,18 +280,31 @@ where
                 registry: Arc::clone(&shared.registry),
                 gate: Arc::clone(&shared.gate),
                 metrics: shared.metrics.clone(),
-                events: events::Events::new(shared.client.clone(), &settings.leader.identity, api_resource),
+                events: events::Events::new(shared.client.clone(), &settings.leader.identity, api_resource.clone()),
                 findings: sweep::Findings::default(),
+                claims: claims.clone(),
                 applier: Arc::clone(&shared.applier),
                 backoff: backoff::Backoff::default(),
                 leadership: shared.leadership.clone(),
             });
             debug.set_watch(&kind.plural, true);
+            let api: Api<DynamicObject> = match &settings.namespace {
+                Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &api_resource),
+                None => Api::all_with(shared.client.clone(), &api_resource),
+            };
+            let watching = Controller::new_with(api, watcher::Config::default(), api_resource.clone());
+            claims.add(&kind.kind, api_resource, watching.store());
             let triggers = Triggers::new(&shared.swaps, &kind.group, &kind.kind);
-            tasks.push(tokio::spawn(controller(ctx, settings.namespace.clone(), settings.concurrency, settings.sweep_interval, triggers, stopped())));
+            built.push((ctx, watching, triggers));
         }
     }
-    Ok(tasks)
+    // Every kind's cache is in the claims before the first reconcile asks who holds a name.
+    Ok(built
+        .into_iter()
+        .map(|(ctx, watching, triggers)| {
+            tokio::spawn(controller(ctx, watching, settings.concurrency, settings.sweep_interval, triggers, stopped()))
+        })
+        .collect())
 }
 
 /// Reasons to look at every resource of a kind again, from outside its watches.
@@ -329,19 +345,14 @@ impl Triggers {
 /// carrying the instance label, by plugin and policy swaps, and by the audit sweep.
 async fn controller(
     ctx: Arc<Context>,
-    namespace: Option<String>,
+    controller: Controller<DynamicObject>,
     concurrency: u16,
     sweep_interval: Duration,
     triggers: Triggers,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ar = ctx.kind.api_resource.clone();
-    let api: Api<DynamicObject> = match &namespace {
-        Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &ar),
-        None => Api::all_with(ctx.client.clone(), &ar),
-    };
     let t = ctx.children.triggers();
-    let controller = Controller::new_with(api, watcher::Config::default(), ar.clone());
     let counting = count_phases(controller.store(), Arc::clone(&ctx));
     let (swept_tx, swept_rx) = tokio::sync::mpsc::unbounded_channel();
     let sweeping = sweep::run(Arc::clone(&ctx), controller.store(), sweep_interval, triggers.policy_swapped_for_sweep, swept_tx);

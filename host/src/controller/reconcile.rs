@@ -46,7 +46,13 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
     let name = obj.name_any();
     let plugin = ctx.plugin();
 
-    let children = tracing::info_span!("observe").in_scope(|| ctx.children.observe(&namespace, &name));
+    if let Some(holder) = ctx.claims.holder(obj, &ctx.kind.kind).await? {
+        return refuse_name_conflict(obj, ctx, &resource, holder).await;
+    }
+    let mut children = tracing::info_span!("observe").in_scope(|| ctx.children.observe(&namespace, &name));
+    // A child controlled by another object (an earlier resource of this name that the garbage
+    // collector has not reached yet) is not this resource's to change or delete.
+    children.retain(|child| !controlled_by_other(child, obj.metadata.uid.as_deref()));
     let child_text: Vec<String> = children.iter().map(Value::to_string).collect();
     let resource_text = resource.to_string();
     let now_ms = now_ms();
@@ -216,6 +222,25 @@ async fn finalize(
     Ok(Requeue::await_change())
 }
 
+/// A resource whose name another kind's resource holds never acts: not even its cleanup,
+/// since the objects named after it are the holder's. Deleting it only drops our finalizer.
+async fn refuse_name_conflict(obj: &DynamicObject, ctx: &Context, resource: &Value, holder: super::claims::Holder) -> Result<Requeue, Error> {
+    let err = Error::NameConflict(holder);
+    if obj.metadata.deletion_timestamp.is_some() {
+        ctx.events.publish(obj, EventType::Warning, err.reason(), &format!("deleted without cleanup: {err}")).await;
+        remove_finalizer(obj, ctx).await?;
+        return Ok(Requeue::await_change());
+    }
+    degrade(obj, ctx, resource, &err).await;
+    Err(err)
+}
+
+fn controlled_by_other(child: &Value, uid: Option<&str>) -> bool {
+    let refs = child.pointer("/metadata/ownerReferences").and_then(Value::as_array);
+    let controller = refs.into_iter().flatten().find(|r| r["controller"] == Value::Bool(true));
+    controller.is_some_and(|r| r["uid"].as_str() != uid)
+}
+
 /// Milliseconds with microsecond resolution, for span attributes people read.
 fn millis(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e6).round() / 1e3
@@ -294,4 +319,20 @@ fn now_ms() -> u64 {
 
 fn now_rfc3339() -> String {
     jiff::Timestamp::now().round(jiff::Unit::Second).map(|t| t.to_string()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::controlled_by_other;
+    use serde_json::json;
+
+    #[test]
+    fn only_a_foreign_controller_hides_a_child() {
+        let child = |refs: serde_json::Value| json!({"metadata": {"name": "db", "ownerReferences": refs}});
+        let ours = Some("uid-1");
+        assert!(!controlled_by_other(&json!({"metadata": {"name": "data-db-0"}}), ours), "a claim has no owner");
+        assert!(!controlled_by_other(&child(json!([{"uid": "uid-1", "controller": true}])), ours));
+        assert!(controlled_by_other(&child(json!([{"uid": "uid-0", "controller": true}])), ours), "an earlier resource of the name");
+        assert!(!controlled_by_other(&child(json!([{"uid": "uid-9"}])), ours), "a plain owner is not a controller");
+    }
 }
