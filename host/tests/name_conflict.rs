@@ -78,3 +78,46 @@ async fn a_second_kind_with_a_taken_name_is_refused_and_deletes_nothing() {
     assert!(sum_metric(&metrics, "stateward_reconcile_total", &["result=\"name_conflict\""]) >= 1.0, "counted as name_conflict");
     assert!(op.exited().is_none(), "operator died");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_of_the_users_in_the_way_is_not_taken_over() {
+    let env = TestEnv::new("e2e-foreign").await.expect("test env");
+    let _teardown = Teardown::new(&env);
+    let mut op = Operator::start(&env, "foreign");
+    op.wait_ready(Duration::from_secs(60)).await;
+    let name = "cache";
+    // The user's own Service, with the name the Redis plugin gives its client Service.
+    let theirs = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "labels": {"app": "web"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}
+    });
+    apply(&env, &env.namespace, &theirs);
+    let services: Api<k8s_openapi::api::core::v1::Service> = env.api();
+    let before = services.get(name).await.unwrap();
+
+    apply(&env, &env.namespace, &REDIS.manifest(name, 1, "Retain"));
+    let redis = REDIS.api(&env);
+    let ((reason, message), took) = wait_for("RedisCluster cache Degraded", Duration::from_secs(60), || {
+        let redis = redis.clone();
+        async move {
+            let cr = get_cr(&redis, name).await.ok_or("no CR")?;
+            degraded(&cr).ok_or_else(|| summary(&cr))
+        }
+    })
+    .await;
+    eprintln!("foreign: refused in {took:.1?}: {reason}: {message}");
+    assert_eq!(reason, "ObjectConflict");
+    assert!(message.contains("Service cache already exists and was not created by stateward"), "{message}");
+    let after = services.get(name).await.unwrap();
+    assert_eq!(after.metadata.resource_version, before.metadata.resource_version, "the user's Service was written");
+    assert!(after.metadata.owner_references.is_none(), "the user's Service got an owner");
+
+    // Out of the way: the resource converges on its own (retried with backoff).
+    services.delete(name, &Default::default()).await.unwrap();
+    let took = wait_running(&env, REDIS, name, 1, Duration::from_secs(90)).await;
+    eprintln!("foreign: Running {took:.1?} after the user's Service was deleted");
+    let ours = services.get(name).await.unwrap();
+    assert!(ours.metadata.owner_references.is_some_and(|r| r.iter().any(|o| o.kind == "RedisCluster")));
+    assert!(op.exited().is_none(), "operator died");
+}

@@ -86,7 +86,8 @@ const PERMISSIONS: &[Grant] = &[
         verbs: &["list", "watch"],
         names: &[],
         code: "controller/children.rs: start() — watcher(api::<K>(client, namespace)) per child kind, \
-               label selector stateward.dev/instance, Api::all or Api::namespaced",
+               label selector stateward.dev/instance, Api::all or Api::namespaced; and \
+               controller/apply.rs: Applier::apply — list_metadata by metadata.name before creating",
     },
     Grant {
         scope: Scope::Watched,
@@ -227,6 +228,9 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     ("controller/apply.rs", "pinned_kind", 1),
     ("controller/apply.rs", "discovery::", 1),
     ("controller/apply.rs", "Api::namespaced", 2),
+    // Applier::apply: is an object of the child's name already there, and whose (list with
+    // a field selector on the name: the list permission the caches need, no get).
+    ("controller/apply.rs", ".list_metadata(", 1),
     ("controller/children.rs", "watcher(", 1),
     ("controller/children.rs", "Api::namespaced", 1),
     ("controller/children.rs", "Api::all", 1),

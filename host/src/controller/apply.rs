@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
 use rand::RngExt;
@@ -81,6 +81,18 @@ impl Applier {
         }
         object["metadata"]["annotations"][APPLIED_HASH] = Value::String(hash);
         let api = self.api(&api_version, &kind, &namespace).await?;
+        if observed.is_none() {
+            // Not among this resource's cached children: before creating it, make sure no one
+            // else's object of that name is there (a forced apply would take it over, and the
+            // garbage collector would delete it with this resource).
+            let found = api
+                .list_metadata(&ListParams::default().fields(&format!("metadata.name={name}")))
+                .await
+                .map_err(|e| Error::api("list", &kind, &name, e))?;
+            if let Some(why) = found.items.first().and_then(|existing| not_ours(&existing.metadata, owner)) {
+                return Err(Error::ObjectConflict { kind, name, why });
+            }
+        }
         let params = PatchParams::apply(FIELD_MANAGER).force();
         api.patch(&name, &params, &Patch::Apply(&object))
             .await
@@ -158,6 +170,23 @@ fn random_value(bytes: u32) -> Vec<u8> {
         .collect()
 }
 
+/// Why an existing object of a child's name is not the resource's to take, or `None` when it
+/// is: controlled by it; controlled by an earlier resource of the same kind and name (deleted,
+/// the garbage collector has not got to it yet); or orphaned by one (no controller, the
+/// resource's instance label).
+fn not_ours(meta: &kube::core::ObjectMeta, owner: &Value) -> Option<String> {
+    let field = |p: &str| owner.pointer(p).and_then(Value::as_str).unwrap_or_default();
+    let group = |api_version: &str| api_version.rsplit_once('/').map(|(g, _)| g.to_string()).unwrap_or_default();
+    let controller = meta.owner_references.iter().flatten().find(|r| r.controller == Some(true));
+    match controller {
+        Some(r) if r.uid == field("/metadata/uid") => None,
+        Some(r) if r.kind == field("/kind") && r.name == field("/metadata/name") && group(&r.api_version) == group(field("/apiVersion")) => None,
+        Some(r) => Some(format!("is controlled by {} {}", r.kind, r.name)),
+        None if meta.labels.as_ref().and_then(|l| l.get(INSTANCE_LABEL)).map(String::as_str) == Some(field("/metadata/name")) => None,
+        None => Some(format!("was not created by stateward for {} {}", field("/kind"), field("/metadata/name"))),
+    }
+}
+
 /// The controller owner reference to the custom resource.
 pub fn owner_reference(owner: &Value) -> Value {
     json!({
@@ -168,4 +197,30 @@ pub fn owner_reference(owner: &Value) -> Value {
         "controller": true,
         "blockOwnerDeletion": true,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::not_ours;
+    use serde_json::json;
+
+    fn meta(value: serde_json::Value) -> kube::core::ObjectMeta {
+        serde_json::from_value(value).unwrap_or_default()
+    }
+
+    #[test]
+    fn only_this_resource_or_its_earlier_self_may_take_an_object() {
+        let owner = json!({"apiVersion": "stateward.dev/v1", "kind": "RedisCluster", "metadata": {"name": "cache", "uid": "u2"}});
+        let controlled = |kind: &str, name: &str, uid: &str| {
+            meta(json!({"name": "cache", "ownerReferences": [{"apiVersion": "stateward.dev/v1", "kind": kind, "name": name, "uid": uid, "controller": true}]}))
+        };
+        assert_eq!(not_ours(&controlled("RedisCluster", "cache", "u2"), &owner), None);
+        assert_eq!(not_ours(&controlled("RedisCluster", "cache", "u1"), &owner), None, "an earlier RedisCluster cache");
+        assert_eq!(not_ours(&controlled("PostgresCluster", "cache", "u3"), &owner).as_deref(), Some("is controlled by PostgresCluster cache"));
+        assert_eq!(not_ours(&controlled("RedisCluster", "other", "u4"), &owner).as_deref(), Some("is controlled by RedisCluster other"));
+        let orphan = meta(json!({"name": "cache", "labels": {"stateward.dev/instance": "cache"}}));
+        assert_eq!(not_ours(&orphan, &owner), None, "orphaned by an earlier resource of this name");
+        let users = meta(json!({"name": "cache", "labels": {"app": "web"}}));
+        assert_eq!(not_ours(&users, &owner).as_deref(), Some("was not created by stateward for RedisCluster cache"));
+    }
 }

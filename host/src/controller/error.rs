@@ -22,6 +22,8 @@ pub enum Error {
     NotLeader,
     #[error("metadata.name: {0} in this namespace already has this name; its children, volumes and credentials are named after it, so this resource is left alone (nothing written, nothing deleted): rename it")]
     NameConflict(super::claims::Holder),
+    #[error("{kind} {name} already exists and {why}; refusing to take it over: rename this resource, or move that object out of the way")]
+    ObjectConflict { kind: String, name: String, why: String },
     #[error("the {0} cache has not listed yet (is its CRD installed, and may the operator list it?): cannot tell whether this name is taken")]
     CacheNotReady(String),
 }
@@ -36,6 +38,7 @@ impl Error {
             Self::NotLeader => "not_leader",
             Self::NameConflict(_) => "name_conflict",
             Self::CacheNotReady(_) => "cache_not_ready",
+            Self::ObjectConflict { .. } => "object_conflict",
         }
     }
 
@@ -49,6 +52,7 @@ impl Error {
             Self::NotLeader => "NotLeader",
             Self::NameConflict(_) => "NameConflict",
             Self::CacheNotReady(_) => "CacheNotReady",
+            Self::ObjectConflict { .. } => "ObjectConflict",
         }
     }
 

@@ -92,7 +92,13 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
     gate(obj, ctx, &plugin, &resource, &plan.actions).await?;
 
     for action in &plan.actions {
-        execute(ctx, action, &resource, &namespace, &children).await?;
+        if let Err(err) = execute(ctx, action, &resource, &namespace, &children).await {
+            // Someone else's object in the way needs the user; a failed write is retried.
+            if matches!(err, Error::ObjectConflict { .. }) {
+                degrade(obj, ctx, &resource, &err).await;
+            }
+            return Err(err);
+        }
     }
 
     let stamp = PluginStamp { name: plugin.name(), version: plugin.version(), digest: plugin.digest() };
