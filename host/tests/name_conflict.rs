@@ -13,6 +13,7 @@ use std::time::Duration;
 use e2e::*;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
+use kube::core::DynamicObject;
 use kube::Api;
 use serde_json::Value;
 use stateward_testkit::TestEnv;
@@ -20,6 +21,15 @@ use stateward_testkit::TestEnv;
 fn degraded(cr: &Value) -> Option<(String, String)> {
     let c = cr.pointer("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == "Degraded" && c["status"] == "True")?;
     Some((c["reason"].as_str()?.to_string(), c["message"].as_str()?.to_string()))
+}
+
+/// Waits (60 s at most) for the resource's Degraded condition: its reason and message.
+async fn wait_degraded(api: &Api<DynamicObject>, name: &str) -> ((String, String), Duration) {
+    wait_for(&format!("{name} Degraded"), Duration::from_secs(60), || async move {
+        let cr = get_cr(api, name).await.ok_or("no CR")?;
+        degraded(&cr).ok_or_else(|| summary(&cr))
+    })
+    .await
 }
 
 /// What must not change in the PostgreSQL cluster: its StatefulSet (uid, generation, owner),
@@ -50,14 +60,7 @@ async fn a_second_kind_with_a_taken_name_is_refused_and_deletes_nothing() {
 
     apply(&env, &env.namespace, &REDIS.manifest(name, 3, "Delete"));
     let redis = REDIS.api(&env);
-    let ((reason, message), took) = wait_for("RedisCluster db Degraded", Duration::from_secs(60), || {
-        let redis = redis.clone();
-        async move {
-            let cr = get_cr(&redis, name).await.ok_or("no CR")?;
-            degraded(&cr).ok_or_else(|| summary(&cr))
-        }
-    })
-    .await;
+    let ((reason, message), took) = wait_degraded(&redis, name).await;
     eprintln!("names: refused in {took:.1?}: {reason}: {message}");
     assert_eq!(reason, "NameConflict");
     assert!(message.contains("PostgresCluster db"), "the message names the holder: {message}");
@@ -98,14 +101,7 @@ async fn an_object_of_the_users_in_the_way_is_not_taken_over() {
 
     apply(&env, &env.namespace, &REDIS.manifest(name, 1, "Retain"));
     let redis = REDIS.api(&env);
-    let ((reason, message), took) = wait_for("RedisCluster cache Degraded", Duration::from_secs(60), || {
-        let redis = redis.clone();
-        async move {
-            let cr = get_cr(&redis, name).await.ok_or("no CR")?;
-            degraded(&cr).ok_or_else(|| summary(&cr))
-        }
-    })
-    .await;
+    let ((reason, message), took) = wait_degraded(&redis, name).await;
     eprintln!("foreign: refused in {took:.1?}: {reason}: {message}");
     assert_eq!(reason, "ObjectConflict");
     assert!(message.contains("Service cache already exists and was not created by stateward"), "{message}");
