@@ -290,14 +290,19 @@ fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
         shipped_bundle,
     };
     let webhook = args.webhook.enabled().then(|| {
-        let state = stateward::webhook::Webhook { registry: Arc::clone(&registry), sandbox: Arc::clone(&sandbox), gate: Arc::clone(&gate) };
-        (Arc::new(state), args.webhook.settings(&args.lease_namespace, args.namespace.as_deref()), args.webhook.webhook_addr)
+        (args.webhook.settings(&args.lease_namespace, args.namespace.as_deref()), args.webhook.webhook_addr)
     });
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
         let client = kube::Client::try_default().await.context("connecting to the API server")?;
         // Every replica serves the webhooks (the API server may call any of them).
-        if let Some((state, webhook_settings, addr)) = webhook {
+        if let Some((webhook_settings, addr)) = webhook {
+            let state = stateward::webhook::Webhook {
+                registry: Arc::clone(&registry),
+                sandbox: Arc::clone(&sandbox),
+                gate: Arc::clone(&gate),
+                client: client.clone(),
+            };
             let listener = stateward::webhook::bind(addr).await?;
             if !webhook_settings.cert_manager {
                 // The same CA issues the managed clusters' certificates (labelled ensure-secret).
@@ -311,7 +316,7 @@ fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
             let client = client.clone();
             tokio::spawn(async move {
-                if let Err(e) = stateward::webhook::run(client, listener, state, webhook_settings, std::future::pending()).await {
+                if let Err(e) = stateward::webhook::run(client, listener, Arc::new(state), webhook_settings, std::future::pending()).await {
                     tracing::error!(error = %e, "webhook server stopped");
                 }
             });

@@ -131,7 +131,8 @@ const PERMISSIONS: &[Grant] = &[
         resources: CRS,
         verbs: &["list", "watch"],
         names: &[],
-        code: "controller/mod.rs: controller() — Controller::new_with(Api::all_with|namespaced_with)",
+        code: "controller/mod.rs: start_controllers() — Controller::new_with(Api::all_with|namespaced_with); \
+               webhook/admission.rs: name_taken — list_metadata by metadata.name of the other kinds on CREATE",
     },
     Grant {
         scope: Scope::Watched,
@@ -251,6 +252,9 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     // The webhook's own permissions are in deploy/webhook/{clusterrole,role}.yaml (and
     // deploy/webhook/cert-manager/ for --cert-manager); its service certificates use the
     // child permissions above (list/patch of Secrets, Services, StatefulSets).
+    // Admission on CREATE: is the name taken by another kind (list of the custom resources).
+    ("webhook/admission.rs", ".list_metadata(", 1),
+    ("webhook/admission.rs", "Api::namespaced", 1),
     // Issuer/Certificate server-side apply (cert-manager mode).
     ("webhook/certmanager.rs", ".patch(", 1),
     ("webhook/certmanager.rs", "Api::namespaced", 1),

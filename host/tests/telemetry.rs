@@ -77,8 +77,8 @@ fn recorded() -> Metrics {
     m.plugin_load_failure("elasticsearch", "bad-signature");
     m.policy_decision("stateward.admission", "allow", 0.0002);
     m.policy_decision("stateward.admission", "deny", 0.0003);
-    m.managed_resources("PostgresCluster", &[("Running".into(), 2), ("Scaling".into(), 1)]);
-    m.managed_resources("PostgresCluster", &[("Running".into(), 3)]); // Scaling empties out
+    m.managed_resources("PostgresCluster", &[("Running".into(), 2), ("Scaling".into(), 1)].into());
+    m.managed_resources("PostgresCluster", &[("Running".into(), 3)].into()); // Scaling empties out
     m.api_write("apply", "StatefulSet");
     m.api_write("apply", "StatefulSet");
     m

@@ -329,6 +329,14 @@ async fn plugin_validation_errors_reach_kubectl_with_the_field_path() -> anyhow:
         err.contains("spec.version: major upgrade from 17.2 to 18.1"),
         "no field path in: {err}"
     );
+    // A name another kind already has is refused when created, naming the field (the
+    // controller would refuse it anyway; tests/name_conflict.rs).
+    let out = e2e::kubectl_stdin(&env, &["apply", "-n", &env.namespace, "-f", "-"], &e2e::REDIS.manifest("pg", 1, "Retain").to_string());
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "a RedisCluster named like the PostgresCluster was created");
+    ensure!(err.contains("metadata.name: PostgresCluster pg already exists in this namespace"), "no field path in: {err}");
+    let out = e2e::kubectl_stdin(&env, &["apply", "-n", &env.namespace, "-f", "-"], &e2e::REDIS.manifest("cache", 1, "Retain").to_string());
+    ensure!(out.status.success(), "a free name was refused: {}", String::from_utf8_lossy(&out.stderr));
     // A change the plugin accepts still goes through.
     let out = e2e::patch(
         &env,

@@ -409,7 +409,6 @@ async fn count_phases(store: kube::runtime::reflector::Store<DynamicObject>, ctx
             let phase = obj.data.pointer("/status/phase").and_then(|p| p.as_str()).unwrap_or("Pending");
             *counts.entry(phase.to_string()).or_default() += 1;
         }
-        let counts: Vec<(String, i64)> = counts.into_iter().collect();
         ctx.metrics.managed_resources(&ctx.kind.kind, &counts);
     }
 }

@@ -2,7 +2,7 @@
 //! DESIGN.md §7, behind a cheap-to-clone handle so the controller, the plugin runtime and the HTTP
 //! server all record into and read from the same registry.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::encoding::{text, EncodeLabelSet};
@@ -283,24 +283,11 @@ impl Metrics {
 
     /// Replaces one kind's audit-sweep result: violating resources per rule
     /// (`stateward_policy_violations{kind, rule}`); rules with none drop to 0.
-    pub fn policy_violations(&self, kind: &str, counts: &std::collections::BTreeMap<String, i64>) {
-        let mut stale = Vec::new();
-        {
-            let mut seen = self.inner.seen_rules.lock().unwrap_or_else(PoisonError::into_inner);
-            let rules = seen.entry(kind.to_owned()).or_default();
-            for rule in rules.iter() {
-                if !counts.contains_key(rule) {
-                    stale.push(rule.clone());
-                }
-            }
-            rules.extend(counts.keys().cloned());
-        }
-        for rule in stale {
-            self.inner.policy_violations.get_or_create(&KindRule { kind: kind.to_owned(), rule }).set(0);
-        }
-        for (rule, n) in counts {
-            self.inner.policy_violations.get_or_create(&KindRule { kind: kind.to_owned(), rule: rule.clone() }).set(*n);
-        }
+    pub fn policy_violations(&self, kind: &str, counts: &BTreeMap<String, i64>) {
+        set_counts(&self.inner.policy_violations, &self.inner.seen_rules, kind, counts, |rule| KindRule {
+            kind: kind.to_owned(),
+            rule: rule.to_owned(),
+        });
     }
 
     /// Counts a refused or failed plugin load (`stateward_plugin_load_failures_total`).
@@ -320,22 +307,12 @@ impl Metrics {
     }
 
     /// Sets `stateward_managed_resources{kind, phase}` from a full count of one kind's resources
-    /// by phase. Phases reported earlier but absent from `counts` are set to 0, because the
-    /// caller reports what exists now, not what changed.
-    pub fn managed_resources(&self, kind: &str, counts: &[(String, i64)]) {
-        let mut seen = self.inner.seen_phases.lock().unwrap_or_else(PoisonError::into_inner);
-        let phases = seen.entry(kind.to_owned()).or_default();
-        for phase in phases.iter() {
-            if !counts.iter().any(|(p, _)| p == phase) {
-                let labels = KindPhase { kind: kind.to_owned(), phase: phase.clone() };
-                self.inner.managed_resources.get_or_create(&labels).set(0);
-            }
-        }
-        for (phase, count) in counts {
-            let labels = KindPhase { kind: kind.to_owned(), phase: phase.clone() };
-            self.inner.managed_resources.get_or_create(&labels).set(*count);
-            phases.insert(phase.clone());
-        }
+    /// by phase; phases with none drop to 0.
+    pub fn managed_resources(&self, kind: &str, counts: &BTreeMap<String, i64>) {
+        set_counts(&self.inner.managed_resources, &self.inner.seen_phases, kind, counts, |phase| KindPhase {
+            kind: kind.to_owned(),
+            phase: phase.to_owned(),
+        });
     }
 
     /// Counts one write request to the API server (`stateward_api_writes_total{verb, kind}`);
@@ -354,5 +331,22 @@ impl Metrics {
             tracing::warn!(error = %err, "encoding metrics failed");
         }
         out
+    }
+}
+
+/// Sets one kind's gauges from a full count. Values reported before but absent from `counts`
+/// are set to 0, because the caller reports what exists now, not what changed.
+fn set_counts<L: Clone + std::hash::Hash + Eq>(
+    family: &Family<L, Gauge>,
+    seen: &Mutex<HashMap<String, BTreeSet<String>>>,
+    kind: &str,
+    counts: &BTreeMap<String, i64>,
+    labels: impl Fn(&str) -> L,
+) {
+    let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
+    let known = seen.entry(kind.to_owned()).or_default();
+    known.extend(counts.keys().cloned());
+    for value in known.iter() {
+        family.get_or_create(&labels(value)).set(counts.get(value).copied().unwrap_or(0));
     }
 }

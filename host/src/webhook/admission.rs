@@ -115,7 +115,8 @@ async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
     let Some(plugin) = webhook.registry.get(&req.kind.group, &req.kind.kind) else {
         return Answer::deny(403, format!("no plugin serves {} {api_version}", req.kind.kind));
     };
-    let field_errors = if req.operation == "CREATE" || req.operation == "UPDATE" {
+    let mut warnings = Vec::new();
+    let mut field_errors = if req.operation == "CREATE" || req.operation == "UPDATE" {
         let new = req.object.to_string();
         let old = (req.operation == "UPDATE").then(|| req.old_object.to_string());
         let call = webhook
@@ -136,6 +137,22 @@ async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
     } else {
         Vec::new()
     };
+    if req.operation == "CREATE" {
+        let name = req.object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(&req.name);
+        match name_taken(&webhook, &req.kind.kind, &req.namespace, name).await {
+            Ok(None) => {}
+            Ok(Some(holder)) => field_errors.push(FieldError {
+                path: "metadata.name".into(),
+                message: format!(
+                    "{holder} {name} already exists in this namespace; children, volumes and credentials are named after \
+                     their resource, so a name serves one resource across kinds: choose another"
+                ),
+            }),
+            // The controller refuses a taken name anyway (controller/claims.rs); this check
+            // only says so sooner, so it does not block a create it could not make.
+            Err(e) => warnings.push(format!("metadata.name: could not check whether another kind uses this name: {e}")),
+        }
+    }
     let request = AdmissionRequest {
         operation: req.operation.clone(),
         user_info: UserInfo {
@@ -181,6 +198,24 @@ async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
         allowed: messages.is_empty(),
         code,
         message: messages.join("; "),
-        warnings: verdict.warned,
+        warnings: warnings.into_iter().chain(verdict.warned).collect(),
     }
+}
+
+/// The kind of another resource named `name` in `namespace`, among the kinds served now.
+async fn name_taken(webhook: &Webhook, kind: &str, namespace: &str, name: &str) -> Result<Option<String>, kube::Error> {
+    if name.is_empty() {
+        return Ok(None);
+    }
+    for other in webhook.kinds().into_iter().filter(|k| k.kind != kind) {
+        let Some(storage) = other.storage_version() else { continue };
+        let gvk = kube::core::GroupVersionKind::gvk(&other.group, &storage.name, &other.kind);
+        let resource = kube::core::ApiResource::from_gvk_with_plural(&gvk, &other.plural);
+        let api: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(webhook.client.clone(), namespace, &resource);
+        let found = api.list_metadata(&kube::api::ListParams::default().fields(&format!("metadata.name={name}"))).await?;
+        if !found.items.is_empty() {
+            return Ok(Some(other.kind));
+        }
+    }
+    Ok(None)
 }

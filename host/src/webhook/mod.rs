@@ -73,6 +73,8 @@ pub struct Webhook {
     pub sandbox: Arc<Sandbox>,
     /// The policy gate in force now (follows hot reload).
     pub gate: Arc<LiveGate>,
+    /// For the one read admission makes: is a new resource's name taken by another kind.
+    pub client: kube::Client,
 }
 
 impl Webhook {
