@@ -8,7 +8,7 @@ pub enum Error {
     Plugin(#[from] RuntimeError),
     #[error("policy denied the plan: {0}")]
     PolicyDenied(String),
-    #[error("{verb} {kind} {name}: {source}")]
+    #[error("{verb} {kind} {name}: {}", api_message(source))]
     Api {
         verb: &'static str,
         kind: String,
@@ -56,6 +56,18 @@ impl Error {
         }
     }
 
+    /// Whether retrying cannot help until someone changes something: an object in the way, or
+    /// the API server refusing the request as such (400 bad request, 403 forbidden, e.g. an
+    /// exceeded ResourceQuota, 404 for a kind that is not installed, 422 invalid). Conflicts
+    /// (409), throttling (429), timeouts and server errors pass by themselves.
+    pub fn needs_the_user(&self) -> bool {
+        match self {
+            Self::ObjectConflict { .. } => true,
+            Self::Api { source: kube::Error::Api(status), .. } => matches!(status.code, 400 | 403 | 404 | 422),
+            _ => false,
+        }
+    }
+
     pub fn api(verb: &'static str, kind: &str, name: &str, source: kube::Error) -> Self {
         Self::Api {
             verb,
@@ -63,5 +75,37 @@ impl Error {
             name: name.to_string(),
             source,
         }
+    }
+}
+
+/// The API server's own words for a refusal (the status message, code and reason), instead
+/// of the client's debug dump of the whole Status; what people read in conditions and Events.
+fn api_message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if status.reason.is_empty() => format!("{} ({})", status.message, status.code),
+        kube::Error::Api(status) => format!("{} ({} {})", status.message, status.code, status.reason),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    fn refused(code: u16) -> Error {
+        let status = kube::core::Status { code, message: "no".into(), ..Default::default() };
+        Error::api("apply", "StatefulSet", "db", kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn refusals_need_the_user_and_transient_failures_do_not() {
+        for code in [400, 403, 404, 422] {
+            assert!(refused(code).needs_the_user(), "{code}");
+        }
+        for code in [409, 429, 500, 503, 504] {
+            assert!(!refused(code).needs_the_user(), "{code}");
+        }
+        assert!(!Error::NotLeader.needs_the_user());
+        assert_eq!(refused(403).to_string(), "apply StatefulSet db: no (403)");
     }
 }

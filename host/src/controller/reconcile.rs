@@ -93,8 +93,10 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
 
     for action in &plan.actions {
         if let Err(err) = execute(ctx, action, &resource, &namespace, &children).await {
-            // Someone else's object in the way needs the user; a failed write is retried.
-            if matches!(err, Error::ObjectConflict { .. }) {
+            // What needs the user (someone else's object in the way, the API server refusing the
+            // object: a quota, an admission policy, an invalid field) goes to status and an
+            // Event; a transient failure is only retried.
+            if err.needs_the_user() {
                 degrade(obj, ctx, &resource, &err).await;
             }
             return Err(err);
