@@ -337,6 +337,11 @@ async fn plugin_validation_errors_reach_kubectl_with_the_field_path() -> anyhow:
     ensure!(err.contains("metadata.name: PostgresCluster pg already exists in this namespace"), "no field path in: {err}");
     let out = e2e::kubectl_stdin(&env, &["apply", "-n", &env.namespace, "-f", "-"], &e2e::REDIS.manifest("cache", 1, "Retain").to_string());
     ensure!(out.status.success(), "a free name was refused: {}", String::from_utf8_lossy(&out.stderr));
+    // Volumes grow but never shrink.
+    let out = e2e::patch(&env, &env.namespace, "postgrescluster/pg", &json!({"spec": {"storage": {"size": "512Mi"}}}));
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "a smaller volume size was accepted");
+    ensure!(err.contains("spec.storage.size: cannot shrink from 1Gi to 512Mi"), "no field path in: {err}");
     // A change the plugin accepts still goes through.
     let out = e2e::patch(
         &env,

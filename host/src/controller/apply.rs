@@ -1,5 +1,5 @@
-//! Writes to the API server: server-side apply with an owner reference, delete by name, and
-//! secrets created once. A child whose applied-hash annotation already matches is not written.
+//! Writes to the API server: server-side apply with an owner reference (none on a claim), delete
+//! by name, and secrets created once. A child whose applied-hash annotation already matches is not written.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -72,7 +72,11 @@ impl Applier {
             text(&object, "/metadata/name"),
             text(&object, "/metadata/namespace"),
         );
-        object["metadata"]["ownerReferences"] = json!([owner_reference(owner)]);
+        // A claim is never made a dependent of the resource: the garbage collector would delete
+        // the volume with it whatever retentionPolicy says; plugins delete claims explicitly.
+        if kind != "PersistentVolumeClaim" {
+            object["metadata"]["ownerReferences"] = json!([owner_reference(owner)]);
+        }
         let hash = hex::encode(Sha256::digest(object.to_string().as_bytes()));
         if observed.and_then(|o| o.pointer(&format!("/metadata/annotations/{}", APPLIED_HASH.replace('/', "~1"))))
             == Some(&Value::String(hash.clone()))

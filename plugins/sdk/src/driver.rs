@@ -5,10 +5,11 @@ use serde_json::{json, Map, Value};
 
 use crate::builders::objects::{self, Port};
 use crate::builders::statefulset::{self, ContainerSpec};
+use crate::builders::volumes;
 use crate::builders::{Ctx, DATA_VOLUME, INSTANCE_LABEL};
 use crate::json::{fnv1a, str_at, to_text};
 use crate::params::{check_parameters, ParamRule};
-use crate::spec::{parse_cluster, parse_object, version_numbers, Cluster, Retention};
+use crate::spec::{parse_cluster, parse_object, parse_quantity, version_numbers, Cluster, Retention};
 use crate::status::{derive, find_child, invalid_spec, phase_event, Derived};
 use crate::types::*;
 use crate::{schema, Service};
@@ -150,11 +151,13 @@ pub fn validate<B: Blueprint>(new: &str, old: Option<&str>) -> Vec<FieldError> {
     if new.spec.storage.class_name != old.spec.storage.class_name {
         errs.push(FieldError::new("spec.storage.className", "is immutable"));
     }
-    if new.spec.storage.size != old.spec.storage.size {
-        errs.push(FieldError::new(
-            "spec.storage.size",
-            format!("cannot change from {} to {}: volume resize is not supported yet", old.spec.storage.size, new.spec.storage.size),
-        ));
+    if let (Some(n), Some(o)) = (parse_quantity(&new.spec.storage.size), parse_quantity(&old.spec.storage.size)) {
+        if n < o {
+            errs.push(FieldError::new(
+                "spec.storage.size",
+                format!("cannot shrink from {} to {}: volumes only grow", old.spec.storage.size, new.spec.storage.size),
+            ));
+        }
     }
     let (nv, ov) = (version_numbers(&new.spec.version), version_numbers(&old.spec.version));
     if nv.first() < ov.first() {
@@ -202,7 +205,8 @@ fn parse_children(children: &[String], wanted: &[&str]) -> Result<Vec<Value>, St
 }
 
 /// The desired children of a cluster, in apply order (config before the pods that mount it).
-pub fn desired<B: Blueprint>(ctx: &Ctx) -> (Vec<Action>, String) {
+/// `claim_size`: the data claim template size of the existing StatefulSet, if there is one.
+pub fn desired<B: Blueprint>(ctx: &Ctx, claim_size: Option<&str>) -> (Vec<Action>, String) {
     let config = B::config(ctx);
     let image = ctx.cluster.spec.image.clone().unwrap_or_else(|| B::default_image(&ctx.cluster.spec.version));
     let container = B::container(ctx, image.clone());
@@ -223,7 +227,8 @@ pub fn desired<B: Blueprint>(ctx: &Ctx) -> (Vec<Action>, String) {
         actions.push(Action::Apply(to_text(&objects::client_service(ctx, &name, B::PORTS, &extra))));
     }
     actions.push(Action::Apply(to_text(&objects::pod_disruption_budget(ctx))));
-    actions.push(Action::Apply(to_text(&statefulset::stateful_set(ctx, &container, &hash))));
+    let claim_size = claim_size.unwrap_or(&ctx.cluster.spec.storage.size);
+    actions.push(Action::Apply(to_text(&statefulset::stateful_set(ctx, &container, &hash, claim_size))));
     (actions, image)
 }
 
@@ -242,7 +247,7 @@ fn report<B: Blueprint>(ctx: Option<&Ctx>, d: &Derived) -> StatusReport {
 pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
     let obj = parse_object(&input.resource).map_err(|e| format!("resource: {}", e.message))?;
     check_kind::<B>(&obj).map_err(|e| format!("resource: {}: {}", e.path, e.message))?;
-    let children = parse_children(&input.children, &["StatefulSet"])?;
+    let children = parse_children(&input.children, &["StatefulSet", "PersistentVolumeClaim"])?;
     let last_phase = str_at(&obj, &["status", "phase"]);
     let cluster = match parse_value::<B>(&obj) {
         Ok(c) => c,
@@ -259,13 +264,24 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
         }
     };
     let ctx = ctx::<B>(&cluster);
-    let (actions, image) = desired::<B>(&ctx);
     let sts = find_child(&children, "StatefulSet", ctx.name());
+    let template = sts.and_then(volumes::template_size);
+    let (mut actions, image) = desired::<B>(&ctx, template.as_deref());
+    let grown = volumes::grow_claims(&ctx, &children);
     let d = derive(&cluster, sts, &image);
+    let mut events: Vec<Event> = phase_event(cluster.last_phase.as_deref(), d.phase).into_iter().collect();
+    if !grown.is_empty() {
+        events.push(Event {
+            type_: EventType::Normal,
+            reason: "GrowingVolumes".into(),
+            message: format!("raising {} data claim(s) to {}", grown.len(), cluster.spec.storage.size),
+        });
+    }
+    actions.extend(grown.iter().map(|claim| Action::Apply(to_text(claim))));
     Ok(Plan {
         actions,
         status: report::<B>(Some(&ctx), &d),
-        events: phase_event(cluster.last_phase.as_deref(), d.phase).into_iter().collect(),
+        events,
         requeue_after_ms: d.requeue_after_ms,
     })
 }

@@ -267,6 +267,43 @@ macro_rules! plugin_suite {
             }
 
             #[test]
+            fn a_larger_size_grows_each_claim_and_keeps_the_claim_template() {
+                let cr = base();
+                let size = cr["spec"]["storage"]["size"].as_str().unwrap().to_string();
+                let claim = |i: i64, size: &str| {
+                    let mut c = tk::pvc("main", i);
+                    c["spec"] = json!({ "resources": { "requests": { "storage": size } } });
+                    c
+                };
+                let mut grown = base();
+                grown["spec"]["storage"]["size"] = json!("999Gi");
+                let mut observed = tk::applied(&plan(&cr, &[]));
+                observed.extend((0..3).map(|i| claim(i, &size)));
+                let p = plan(&grown, &observed);
+                let claims = tk::find_all(&p, "PersistentVolumeClaim");
+                let names: Vec<&str> = claims.iter().map(|c| c["metadata"]["name"].as_str().unwrap()).collect();
+                assert_eq!(names, ["data-main-0", "data-main-1", "data-main-2"]);
+                for c in &claims {
+                    assert_eq!(c["spec"], json!({ "resources": { "requests": { "storage": "999Gi" } } }), "only the request");
+                    assert_eq!(c["metadata"]["labels"]["stateward.dev/instance"], "main");
+                }
+                let vct = &tk::find(&p, "StatefulSet")["spec"]["volumeClaimTemplates"][0];
+                assert_eq!(vct["spec"]["resources"]["requests"]["storage"], json!(size), "a claim template cannot change");
+                assert!(p.events.iter().any(|e| e.reason == "GrowingVolumes"), "{:?}", p.events);
+                // Claims that already ask for the size (or more), or are not this cluster's, stay.
+                observed.retain(|c| c["kind"] != "PersistentVolumeClaim");
+                observed.extend([claim(0, "999Gi"), claim(1, "1Ti"), tk::pvc("main", 2)]);
+                let mut other = claim(0, &size);
+                other["metadata"]["labels"]["stateward.dev/instance"] = json!("mainx");
+                other["metadata"]["name"] = json!("data-mainx-0");
+                observed.push(other);
+                assert!(tk::find_all(&plan(&grown, &observed), "PersistentVolumeClaim").is_empty());
+                // A new StatefulSet is created at the spec's size.
+                let fresh = tk::find(&plan(&grown, &[]), "StatefulSet");
+                assert_eq!(fresh["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"], "999Gi");
+            }
+
+            #[test]
             fn scaling_keeps_the_config_hash() {
                 let h = |cr: &Value| tk::find(&plan(cr, &[]), "StatefulSet")["spec"]["template"]["metadata"]["annotations"]["stateward.dev/config-hash"].clone();
                 let a = h(&base());
@@ -425,7 +462,8 @@ macro_rules! plugin_suite {
                 assert!(paths(&moved, Some(&base())).contains(&"spec.storage.className".to_string()));
                 let mut grown = base();
                 grown["spec"]["storage"]["size"] = json!("999Gi");
-                assert_eq!(paths(&grown, Some(&base())), ["spec.storage.size"]);
+                assert!(paths(&grown, Some(&base())).is_empty(), "volumes may grow");
+                assert_eq!(paths(&base(), Some(&grown)), ["spec.storage.size"], "volumes never shrink");
                 let mut wrong = base();
                 wrong["kind"] = json!("SomethingElse");
                 assert_eq!(paths(&wrong, None), ["kind"]);

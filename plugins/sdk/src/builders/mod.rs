@@ -5,6 +5,7 @@
 
 pub mod objects;
 pub mod statefulset;
+pub mod volumes;
 
 use serde_json::{json, Map, Value};
 

@@ -123,7 +123,9 @@ fn spread(ctx: &Ctx, key: &str) -> Value {
 
 /// Builds the StatefulSet; `config_hash` goes into a pod-template annotation so a new
 /// configuration rolls the pods.
-pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str) -> Value {
+/// `claim_size` is the data claim template's size: the spec's for a new StatefulSet, the one it
+/// was created with for an existing one (the template cannot change; see `volumes`).
+pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str, claim_size: &str) -> Value {
     let spec = &ctx.cluster.spec;
     let container_ports: Vec<Value> = c
         .ports
@@ -194,7 +196,7 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str) -> Value {
     }
     let mut claim_spec = json!({
         "accessModes": ["ReadWriteOnce"],
-        "resources": { "requests": { "storage": spec.storage.size } },
+        "resources": { "requests": { "storage": claim_size } },
     });
     if let (Some(class), Some(obj)) = (&spec.storage.class_name, claim_spec.as_object_mut()) {
         obj.insert("storageClassName".into(), json!(class));
