@@ -304,16 +304,21 @@ fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
                 client: client.clone(),
             };
             let listener = stateward::webhook::bind(addr).await?;
-            if !webhook_settings.cert_manager {
-                // The same CA issues the managed clusters' certificates (labelled ensure-secret).
-                let keeper = stateward::webhook::service_certs::CertificateKeeper {
-                    client: client.clone(),
-                    namespace: webhook_settings.watch_namespace.clone(),
-                    ca_secret: (webhook_settings.namespace.clone(), webhook_settings.secret.clone()),
-                    policy: webhook_settings.policy.clone(),
-                };
-                tokio::spawn(keeper.run());
-            }
+            // The webhook's CA issues the managed clusters' certificates too (labelled
+            // ensure-secret): the built-in one, or the CA cert-manager keeps for the operator.
+            let ca_secret = if webhook_settings.cert_manager {
+                stateward::webhook::certmanager::CA_CERTIFICATE.to_string()
+            } else {
+                webhook_settings.secret.clone()
+            };
+            let keeper = stateward::webhook::service_certs::CertificateKeeper {
+                client: client.clone(),
+                namespace: webhook_settings.watch_namespace.clone(),
+                ca_secret: (webhook_settings.namespace.clone(), ca_secret),
+                cert_manager: webhook_settings.cert_manager,
+                policy: webhook_settings.policy.clone(),
+            };
+            tokio::spawn(keeper.run());
             let client = client.clone();
             tokio::spawn(async move {
                 if let Err(e) = stateward::webhook::run(client, listener, Arc::new(state), webhook_settings, std::future::pending()).await {

@@ -833,6 +833,43 @@ async fn cert_manager_mode_renders_its_certificates_and_serves_what_cert_manager
         "inject-ca-from {annotation}"
     );
     wait_webhook_ready(&env, &mut op).await?;
+
+    // The managed clusters' certificates come from the CA cert-manager keeps for the operator
+    // (Secret stateward-webhook-ca, the CA's own certificate and key), with its own subject.
+    let ca_key = rcgen::KeyPair::generate()?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "stateward-webhook-ca");
+    ca_params.distinguished_name.push(rcgen::DnType::OrganizationName, "cert-manager test");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key)?;
+    let ca_secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "stateward-webhook-ca" },
+        "type": "kubernetes.io/tls",
+        "stringData": { "tls.crt": ca.pem(), "tls.key": ca_key.serialize_pem(), "ca.crt": ca.pem() },
+    }))?;
+    let secrets: Api<Secret> = env.api();
+    secrets
+        .patch("stateward-webhook-ca", &kube::api::PatchParams::apply("cert-manager").force(), &kube::api::Patch::Apply(&ca_secret))
+        .await?;
+    e2e::apply(&env, &env.namespace, &POSTGRES.manifest("tlsdb", 1, "Retain"));
+    let host = format!("tlsdb-rw.{}.svc", env.namespace);
+    let (leaf, took) = e2e::wait_for("tlsdb-tls issued by cert-manager's CA", Duration::from_secs(60), || async {
+        let secret = secrets.get_opt("tlsdb-tls").await.map_err(|e| e.to_string())?.ok_or("no Secret yet")?;
+        let text = |k: &str| secret.data.as_ref().and_then(|d| d.get(k)).map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
+        let leaf = text("tls.crt");
+        let (verifies, same_ca) = (verifies_for(&leaf, &ca.pem(), &host), text("ca.crt") == ca.pem());
+        (verifies && same_ca).then_some(leaf).ok_or_else(|| format!("verifies for {host}: {verifies}, ca.crt is the CA: {same_ca}"))
+    })
+    .await;
+    eprintln!("cert-manager CA: service certificate issued {took:.1?} after create");
+    let stamp = expected_stamp("tlsdb-tls", &leaf);
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = env.api();
+    e2e::wait_for("the StatefulSet stamped", Duration::from_secs(30), || async {
+        let sts = serde_json::to_value(sets.get("tlsdb").await.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        let got = sts["spec"]["template"]["metadata"]["annotations"]["stateward.dev/certificates-sha256"].as_str().unwrap_or_default().to_string();
+        (got == stamp).then_some(()).ok_or(got)
+    })
+    .await;
     Ok(())
 }
 

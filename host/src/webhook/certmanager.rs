@@ -17,7 +17,9 @@ use super::WebhookError;
 /// Name of the serving Certificate (and the value of the inject-ca-from annotation).
 pub const CERTIFICATE: &str = "stateward-webhook";
 const ROOT_ISSUER: &str = "stateward-selfsigned";
-const CA_CERTIFICATE: &str = "stateward-webhook-ca";
+/// The CA Certificate, and the Secret where cert-manager keeps that CA (it issues the managed
+/// clusters' service certificates too, service_certs.rs).
+pub const CA_CERTIFICATE: &str = "stateward-webhook-ca";
 const CA_ISSUER: &str = "stateward-webhook-ca";
 
 fn go_duration(d: std::time::Duration) -> String {

@@ -122,13 +122,14 @@ pub fn issue_all(policy: &CertPolicy, sans: &[String]) -> Result<Material, Webho
     Ok(m)
 }
 
-/// Issues a new serving certificate under the CA already in `m`. The CA's subject and key are
-/// all an issuer needs, so the stored CA is rebuilt from its key without parsing X.509.
+/// Issues a new serving certificate under the CA already in `m`. The issuer's subject is read
+/// from the stored CA certificate, so a CA made elsewhere (cert-manager's) issues as well as
+/// the built-in one.
 pub fn renew_serving(m: &mut Material, policy: &CertPolicy, sans: &[String]) -> Result<(), WebhookError> {
     let ca_key = KeyPair::from_pem(&m.ca_key_pem).map_err(cert_err)?;
     let ca_not_after =
         OffsetDateTime::from_unix_timestamp(m.ca_not_after).map_err(|e| WebhookError::Certificate(e.to_string()))?;
-    let issuer = Issuer::new(ca_params(ca_not_after).map_err(cert_err)?, ca_key);
+    let issuer = Issuer::from_ca_cert_pem(&m.ca_pem, ca_key).map_err(cert_err)?;
     let key = KeyPair::generate().map_err(cert_err)?;
     let mut params = CertificateParams::new(sans.to_vec()).map_err(cert_err)?;
     params.distinguished_name.push(
@@ -176,6 +177,26 @@ pub fn due(m: Option<&Material>, policy: &CertPolicy, sans: &[String]) -> Due {
         return Due::ServingCert;
     }
     Due::Nothing
+}
+
+/// The CA half of a CA Secret as cert-manager writes it for an `isCA` Certificate: the CA's
+/// own certificate and key in `tls.crt`/`tls.key` (expiry read from the certificate).
+pub fn ca_from_cert_manager(secret: &Secret) -> Option<Material> {
+    let data = secret.data.as_ref()?;
+    let text = |k: &str| data.get(k).and_then(|b| String::from_utf8(b.0.clone()).ok());
+    let (ca_pem, ca_key_pem) = (text(TLS_CRT)?, text(TLS_KEY)?);
+    let (_, pem) = x509_parser::pem::parse_x509_pem(ca_pem.as_bytes()).ok()?;
+    let not_after = pem.parse_x509().ok()?.validity().not_after.timestamp();
+    Some(Material {
+        ca_pem,
+        ca_key_pem,
+        cert_pem: String::new(),
+        key_pem: String::new(),
+        ca_not_after: not_after,
+        cert_not_after: 0,
+        sans: Vec::new(),
+        generation: 0,
+    })
 }
 
 impl Material {

@@ -193,8 +193,11 @@ pub struct CertificateKeeper {
     pub client: kube::Client,
     /// Watched namespace; all when `None`.
     pub namespace: Option<String>,
-    /// The webhook Secret holding the CA (namespace, name).
+    /// The Secret holding the CA (namespace, name): the webhook's built-in one, or with
+    /// `--cert-manager` the CA Secret cert-manager keeps for the operator's CA Issuer.
     pub ca_secret: (String, String),
+    /// Whether `ca_secret` is cert-manager's (CA in `tls.crt`/`tls.key`).
+    pub cert_manager: bool,
     pub policy: CertPolicy,
 }
 
@@ -270,7 +273,7 @@ impl CertificateKeeper {
             .await
             .map_err(WebhookError::kube("reading the CA Secret"))?
             .as_ref()
-            .and_then(Material::from_secret)
+            .and_then(|secret| if self.cert_manager { certs::ca_from_cert_manager(secret) } else { Material::from_secret(secret) })
         else {
             return Ok(0);
         };
@@ -419,6 +422,49 @@ mod tests {
             !sans.iter().any(|n| n.starts_with("*.db.")),
             "a non-headless Service got a wildcard: {sans:?}"
         );
+    }
+
+    #[test]
+    fn a_ca_from_cert_manager_issues_certificates_that_chain_to_it() {
+        use rustls::client::danger::ServerCertVerifier as _;
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+        // A CA with a subject of its own, stored as cert-manager stores an isCA Certificate.
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name.push(rcgen::DnType::CommonName, "some other CA");
+        params.distinguished_name.push(rcgen::DnType::OrganizationName, "cert-manager test");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(2);
+        let ca_cert = params.self_signed(&key).expect("ca");
+        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+            "metadata": {"name": "stateward-webhook-ca"},
+            "data": {
+                "tls.crt": base64_of(&ca_cert.pem()), "tls.key": base64_of(&key.serialize_pem()), "ca.crt": base64_of(&ca_cert.pem()),
+            },
+        }))
+        .expect("secret");
+        let ca = certs::ca_from_cert_manager(&secret).expect("a CA");
+        let not_after = params.not_after.unix_timestamp();
+        assert!((ca.ca_not_after - not_after).abs() <= 1, "expiry read from the certificate");
+        let policy = CertPolicy::default();
+        let sans = service_sans(&[service("db", "db", false)], "db", "ns");
+        let (data, _) = issue(&ca, &sans, &policy).expect("issue");
+        assert_eq!(data["ca.crt"], ca_cert.pem());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(ca_cert.pem().as_bytes()).expect("pem")).expect("root");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build().expect("verifier");
+        let leaf = CertificateDer::from_pem_slice(data["tls.crt"].as_bytes()).expect("leaf");
+        verifier
+            .verify_server_cert(&leaf, &[], &ServerName::try_from("db.ns.svc").expect("name"), &[], UnixTime::now())
+            .expect("chains to the cert-manager CA");
+        assert!(certs::ca_from_cert_manager(&k8s_openapi::api::core::v1::Secret::default()).is_none());
+    }
+
+    fn base64_of(text: &str) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(text)
     }
 
     #[test]
