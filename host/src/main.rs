@@ -22,6 +22,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the operator against the cluster of the current kubeconfig (or in-cluster config).
@@ -428,7 +430,7 @@ fn crds(args: &SandboxArgs, out_dir: Option<PathBuf>) -> anyhow::Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
-fn inspect(args: &SandboxArgs, file: &PathBuf) -> anyhow::Result<ExitCode> {
+fn inspect(args: &SandboxArgs, file: &std::path::Path) -> anyhow::Result<ExitCode> {
     let sandbox = args.sandbox()?;
     let plugin = Plugin::load_file(&sandbox, file)?;
     let info = plugin.info();

@@ -39,7 +39,7 @@ pub fn wasm_with_features(package: &str, features: &[&str]) -> PathBuf {
     let key = if features.is_empty() { package.to_string() } else { format!("{package}+{}", features.join("+")) };
     // Copied out: a later build of the same package with other features overwrites `out`.
     let copy = wasm_target_dir().join("variants").join(format!("{}.wasm", key.replace(['-', '+'], "_")));
-    if !built.iter().any(|p| *p == key) {
+    if !built.contains(&key) {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
         cmd.current_dir(workspace_root())
