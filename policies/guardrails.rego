@@ -11,9 +11,11 @@
 # Cost notes: the host evaluates this for every planned action on regorus' RVM. Measured there, a
 # plain instruction costs ~25 ns, a reference to another rule ~75 ns even once its value is known,
 # a builtin call ~115 ns, a function call ~370 ns, and every definition of a function or complete
-# rule is evaluated. Hence refs with defaults instead of object.get where the semantics are the
-# same, rule values copied to locals before loops, one definition per helper, and table lookups
-# instead of one definition per case. policies/testdata and the tests pin the decisions.
+# rule is evaluated, unless all of them give the same constant (e.g. `true`): then the first that
+# holds ends the call. Hence refs with defaults instead of object.get where the semantics are the
+# same, rule values copied to locals before loops, table lookups instead of one definition per
+# case, and cheap first definitions for the common case of boolean helpers. policies/testdata
+# and the tests pin the decisions.
 package stateward.guardrails
 
 default obj := {}
@@ -110,10 +112,10 @@ deny contains msg if {
 	msg := sprintf("privileged: container %s runs privileged", [cname(c)])
 }
 
+# object.filter keeps only the fields the pod spec sets: usually none, so no loop runs.
 deny contains msg if {
-	spec := pod_spec
-	some field in ["hostNetwork", "hostPID", "hostIPC"]
-	spec[field] == true
+	some field, v in object.filter(pod_spec, ["hostNetwork", "hostPID", "hostIPC"])
+	v == true
 	msg := sprintf("host-namespace: %s %s sets %s", [kind, obj_name, field])
 }
 
@@ -151,6 +153,16 @@ deny contains msg if {
 # way container runtimes resolve it; official images live under library/. The prefix is looked
 # up by [has a "/" (the first segment is not the whole reference), first segment is a host].
 # An image that is not a string fails here, so the rule below denies it.
+# Both definitions are true when they hold, so the RVM stops at the first: the common case, a
+# "." before the first "/" (the first segment is a host, so the reference is its own
+# normalized form), is matched as is; the second definition handles every reference.
+allowed_image(img) if {
+	dot := indexof(img, ".")
+	dot >= 0
+	dot < indexof(img, "/")
+	strings.any_prefix_match(img, data.stateward.config.guardrails.allowed_registries)
+}
+
 allowed_image(img) if {
 	first := split(img, "/")[0]
 	host := true in [contains(first, "."), contains(first, ":"), first == "localhost"]
@@ -186,16 +198,18 @@ deny contains msg if {
 # --- warnings -----------------------------------------------------------------------------
 
 # Pinned: a digest, or else (no "@" at all) a tag on the last path segment, where a ":" is not
-# a registry port, that is not "latest". One definition: one evaluation per call. An image that
-# is not a string fails here, so the rule below warns about it.
+# a registry port, that is not "latest". Both definitions are true when they hold, so the RVM
+# stops at the first, the common case (a tag). An image that is not a string fails both, so the
+# rule below warns about it.
 pinned(img) if {
+	not contains(img, "@")
 	parts := split(img, "/")
 	last := parts[count(parts) - 1]
-	true in [
-		contains(img, "@sha256:"),
-		[contains(img, "@"), contains(last, ":"), endswith(last, ":latest")] == [false, true, false],
-	]
+	contains(last, ":")
+	not endswith(last, ":latest")
 }
+
+pinned(img) if contains(img, "@sha256:")
 
 warn contains msg if {
 	some c in all_containers

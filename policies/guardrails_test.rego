@@ -212,6 +212,23 @@ test_registry_port_is_not_a_tag if {
 	not guardrails.allowed_image("quay.io:443/postgres:17")
 }
 
+# The first definitions of allowed_image and pinned only cover common cases; these are decided
+# by the general ones.
+test_image_fast_paths_agree_with_general_rule if {
+	not guardrails.allowed_image("bitnami/redis:7") with data.stateward.config.guardrails.allowed_registries as ["bitnami/"]
+	guardrails.allowed_image("bitnami/redis:7") with data.stateward.config.guardrails.allowed_registries as ["docker.io/bitnami/"]
+	guardrails.allowed_image("my.registry/x:1") with data.stateward.config.guardrails.allowed_registries as ["my.registry/"]
+	not guardrails.allowed_image("x/my.registry:1") with data.stateward.config.guardrails.allowed_registries as ["x/"]
+	guardrails.pinned("quay.io/postgres:17@sha256:1111")
+	not guardrails.pinned("quay.io/postgres@17:1")
+	not guardrails.pinned("quay.io/postgres:latest")
+}
+
+test_host_namespace_only_when_true if {
+	denied(apply(sts({"hostPID": true, "containers": [container]})), "host-namespace")
+	count(guardrails.deny) == 0 with input as apply(sts({"hostNetwork": false, "hostIPC": "true", "containers": [container]}))
+}
+
 test_delete_skips_pod_checks if {
 	o := sts({"hostNetwork": true, "containers": [object.union(container, {"securityContext": {"privileged": true}})]})
 	count(guardrails.deny) == 0 with input as {"plugin": plugin, "resource": resource, "action": {"verb": "delete", "object": o}}

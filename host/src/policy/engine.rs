@@ -128,7 +128,18 @@ thread_local! {
     /// It holds a reference to that engine's program and data until the thread's next decision
     /// on another engine or point replaces it.
     static RVM: RefCell<Option<((u64, DecisionPoint), RegoVM)>> = const { RefCell::new(None) };
+
+    /// The Rego values of the input members every action of a plan shares (`SHARED_MEMBERS`),
+    /// as last converted on this thread, with the JSON they were converted from.
+    static SHARED: RefCell<Vec<(serde_json::Value, regorus::Value)>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Top-level input members that are the same for every action of a plan (and for every
+/// reconcile of an unchanged resource): the guardrails' `plugin` and `resource`. Their Rego
+/// values are reused while the JSON is equal (comparing costs a fraction of converting), so a
+/// decision converts only what changed, in practice the action. Only the conversion is
+/// reused: every decision still executes the policy on the whole input.
+const SHARED_MEMBERS: [&str; 2] = ["plugin", "resource"];
 
 /// A compiled, immutable bundle. Share it as `Arc<PolicyEngine>`; `evaluate` takes `&self`.
 #[derive(Debug)]
@@ -143,6 +154,8 @@ pub struct PolicyEngine {
     has_warn: BTreeSet<DecisionPoint>,
     points: BTreeSet<DecisionPoint>,
     tests: Vec<String>,
+    /// `"deny"` and `"warn"`, the fields of the RVM's decision object, built once.
+    result_keys: [regorus::Value; 2],
 }
 
 impl PolicyEngine {
@@ -208,6 +221,7 @@ impl PolicyEngine {
             has_warn,
             points,
             tests,
+            result_keys: [regorus::Value::from("deny"), regorus::Value::from("warn")],
         };
         // Warm up: the first evaluation prepares (analyses and schedules) the modules; the
         // prepared state is what every per-decision clone starts from. It also surfaces
@@ -308,7 +322,7 @@ impl PolicyEngine {
             out.error = Some(format!("bundle has no package {}", point.package()));
             return out;
         }
-        let input = to_rego_value(input);
+        let input = to_rego_input(input);
         // Rule paths are only formatted when needed (interpreter, errors): a decision is short
         // enough for a few string allocations to show.
         let deny_path = || format!("{}.deny", point.package());
@@ -372,9 +386,12 @@ impl PolicyEngine {
             }
             result
         })?;
-        let field = |name: &str| decision[&regorus::Value::from(name)].clone();
-        let warn = self.has_warn.contains(&point).then(|| field("warn"));
-        Ok((field("deny"), warn))
+        let [deny_key, warn_key] = &self.result_keys;
+        let warn = self
+            .has_warn
+            .contains(&point)
+            .then(|| decision[warn_key].clone());
+        Ok((decision[deny_key].clone(), warn))
     }
 
     /// A VM with `program` and the bundle's data loaded. Loading costs about as much as a tenth
@@ -477,6 +494,67 @@ impl PolicyEngine {
 
 fn to_rego(v: &serde_json::Value) -> Result<regorus::Value, serde_json::Error> {
     <regorus::Value as serde::Deserialize>::deserialize(v)
+}
+
+/// The per-decision input conversion: like [`to_rego_value`], except that the members in
+/// `SHARED_MEMBERS` reuse this thread's previous conversion when their JSON is unchanged.
+fn to_rego_input(input: &serde_json::Value) -> regorus::Value {
+    let serde_json::Value::Object(map) = input else {
+        return to_rego_value(input);
+    };
+    let mut object = BTreeMap::new();
+    for (k, v) in map {
+        let value = match SHARED_MEMBERS.iter().position(|m| m == k) {
+            Some(slot) => shared_member(slot, v),
+            None => to_rego_value(v),
+        };
+        object.insert(regorus::Value::from(k.as_str()), value);
+    }
+    regorus::Value::from(object)
+}
+
+fn shared_member(slot: usize, v: &serde_json::Value) -> regorus::Value {
+    SHARED.with(|cell| {
+        let Ok(mut shared) = cell.try_borrow_mut() else {
+            return to_rego_value(v);
+        };
+        if shared.len() <= slot {
+            shared.resize(
+                SHARED_MEMBERS.len(),
+                (serde_json::Value::Null, regorus::Value::Null),
+            );
+        }
+        let (json, value) = &mut shared[slot];
+        if !same_json(json, v) {
+            *value = to_rego_value(v);
+            *json = v.clone();
+        }
+        value.clone()
+    })
+}
+
+/// JSON equality that also tells `-0.0` from `0.0` (serde_json's `==` does not, and the two
+/// convert to different Rego numbers).
+fn same_json(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value as J;
+    match (a, b) {
+        (J::Null, J::Null) => true,
+        (J::Bool(x), J::Bool(y)) => x == y,
+        (J::Number(x), J::Number(y)) => {
+            x == y && (!x.is_f64() || x.as_f64().map(f64::to_bits) == y.as_f64().map(f64::to_bits))
+        }
+        (J::String(x), J::String(y)) => x == y,
+        (J::Array(x), J::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same_json(a, b))
+        }
+        (J::Object(x), J::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|((ka, a), (kb, b))| ka == kb && same_json(a, b))
+        }
+        _ => false,
+    }
 }
 
 /// The per-decision input conversion: a direct walk of the borrowed JSON tree, which cannot
@@ -599,6 +677,37 @@ mod tests {
         ])
         .unwrap();
         PolicyEngine::compile(&bundle).unwrap()
+    }
+
+    /// The per-thread conversions of `plugin` and `resource` are only reused for equal JSON:
+    /// a sequence of decisions on one thread decides like each on a fresh thread.
+    #[test]
+    fn shared_members_follow_the_input() {
+        let bundle = Bundle::from_files([BundleFile {
+            name: "g.rego".into(),
+            contents: "package stateward.guardrails\n\ndeny contains json.marshal([input.plugin, input.resource, input.action])\n".into(),
+        }])
+        .unwrap();
+        let engine = Arc::new(PolicyEngine::compile(&bundle).unwrap());
+        let inputs = [
+            serde_json::json!({"plugin": {"name": "a"}, "resource": {"n": 1}, "action": 1}),
+            serde_json::json!({"plugin": {"name": "a"}, "resource": {"n": 1}, "action": 2}),
+            serde_json::json!({"plugin": {"name": "b"}, "resource": {"n": 1.0}, "action": 2}),
+            serde_json::json!({"plugin": {"name": "b"}, "resource": {"n": -0.0}, "action": 2}),
+            serde_json::json!({"plugin": {"name": "b"}, "resource": {"n": 0.0}, "action": 2}),
+            serde_json::json!({"plugin": null, "action": 2}),
+            serde_json::json!({"plugin": {"name": "b"}, "resource": [1, 2], "action": 2}),
+            serde_json::json!([1]),
+        ];
+        for input in inputs.iter().chain(inputs.iter().rev()) {
+            let warm = engine.evaluate(DecisionPoint::Guardrails, input);
+            let (engine, input) = (engine.clone(), input.clone());
+            let cold =
+                std::thread::spawn(move || engine.evaluate(DecisionPoint::Guardrails, &input))
+                    .join()
+                    .unwrap();
+            assert_eq!((warm.deny, warm.error), (cold.deny, cold.error));
+        }
     }
 
     /// The per-thread VM is keyed by engine and decision point: alternating between two
