@@ -12,6 +12,7 @@ pub mod bundle;
 pub mod cli;
 pub mod engine;
 mod error;
+mod input;
 pub mod gate;
 
 pub use audit::{AuditLog, AuditSink, FsyncPolicy};
