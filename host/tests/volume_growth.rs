@@ -32,6 +32,19 @@ async fn requests(env: &TestEnv, name: &str) -> BTreeMap<String, (String, bool)>
         .collect()
 }
 
+/// The capacity of each of the instance's claims, in GiB (the local cluster's volumes are
+/// whole GiB).
+async fn capacities_gib(env: &TestEnv, name: &str) -> Vec<u64> {
+    let claims: Api<PersistentVolumeClaim> = env.api();
+    let list = claims.list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={name}"))).await.unwrap();
+    list.into_iter()
+        .map(|c| {
+            let q = c.status.and_then(|s| s.capacity).and_then(|m| m.get("storage").map(|q| q.0.clone())).unwrap_or_default();
+            q.strip_suffix("Gi").and_then(|n| n.parse().ok()).unwrap_or(0)
+        })
+        .collect()
+}
+
 async fn pod_uids(env: &TestEnv, name: &str) -> BTreeMap<String, String> {
     let pods: Api<Pod> = env.api();
     let list = pods.list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={name}"))).await.unwrap();
@@ -66,6 +79,24 @@ async fn a_larger_size_grows_every_claim_without_replacing_a_pod() {
     assert_eq!(template, POSTGRES.storage, "the claim template cannot change");
     wait_running(&env, POSTGRES, name, 2, Duration::from_secs(60)).await;
     assert_eq!(pod_uids(&env, name).await, pods, "a pod was replaced");
+    // No resizer runs here: a claim's capacity is its volume's (1Gi, 10Gi or 100Gi in the local
+    // cluster), and Progressing says how many have the size until all do.
+    let capacities = capacities_gib(&env, name).await;
+    let at_size = capacities.iter().filter(|c| **c >= 3).count();
+    let want = if at_size < 2 {
+        ("True".to_string(), "ResizingVolumes".to_string(), format!("{at_size} of 2 data claims have 3Gi"))
+    } else {
+        ("False".to_string(), "Converged".to_string(), "2 of 2 replicas ready".to_string())
+    };
+    eprintln!("grow: claim capacities {capacities:?} GiB, so Progressing must be {want:?}");
+    let api = POSTGRES.api(&env);
+    wait_for("Progressing to say how far the resize is", Duration::from_secs(30), || async {
+        let cr = get_cr(&api, name).await.ok_or("no CR")?;
+        let c = cr.pointer("/status/conditions").and_then(serde_json::Value::as_array).and_then(|cs| cs.iter().find(|c| c["type"] == "Progressing")).cloned().unwrap_or_default();
+        let got = (c["status"].as_str().unwrap_or_default().to_string(), c["reason"].as_str().unwrap_or_default().to_string(), c["message"].as_str().unwrap_or_default().to_string());
+        (got == want).then_some(()).ok_or(format!("{got:?}, want {want:?}"))
+    })
+    .await;
 
     // Scaling up: the new member's claim starts from the template and is raised too.
     patch_ok(&env, &env.namespace, &format!("postgrescluster/{name}"), &json!({"spec": {"replicas": 3}}));

@@ -268,7 +268,13 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
     let template = sts.and_then(volumes::template_size);
     let (mut actions, image) = desired::<B>(&ctx, template.as_deref());
     let grown = volumes::grow_claims(&ctx, &children);
-    let d = derive(&cluster, sts, &image);
+    let mut d = derive(&cluster, sts, &image);
+    // A running cluster whose volumes are still growing is progressing, not converged.
+    if let (Phase::Running, Some(message)) = (d.phase, volumes::resizing(&ctx, &children)) {
+        if let Some(c) = d.conditions.iter_mut().find(|c| c.type_ == "Progressing") {
+            *c = Condition { type_: "Progressing".into(), status: ConditionStatus::True, reason: "ResizingVolumes".into(), message };
+        }
+    }
     let mut events: Vec<Event> = phase_event(cluster.last_phase.as_deref(), d.phase).into_iter().collect();
     if !grown.is_empty() {
         events.push(Event {

@@ -298,6 +298,21 @@ macro_rules! plugin_suite {
                 other["metadata"]["name"] = json!("data-mainx-0");
                 observed.push(other);
                 assert!(tk::find_all(&plan(&grown, &observed), "PersistentVolumeClaim").is_empty());
+                // Running, with a claim still below the size: Progressing says so.
+                let running = tk::with_phase(grown.clone(), "Running");
+                let mut converged = tk::with_sts_status(&tk::applied(&plan(&cr, &[])), 3, 3, 3, ("r1", "r1"));
+                let bound = |i: i64, capacity: &str| {
+                    let mut c = claim(i, "999Gi");
+                    c["status"] = json!({ "phase": "Bound", "capacity": { "storage": capacity } });
+                    c
+                };
+                converged.extend([bound(0, "999Gi"), bound(1, "999Gi"), bound(2, &size)]);
+                assert_eq!(tk::condition(&plan(&running, &converged), "Progressing"), ("True".into(), "ResizingVolumes".into()));
+                let message = plan(&running, &converged).status.conditions.iter().find(|c| c.type_ == "Progressing").unwrap().message.clone();
+                assert_eq!(message, "2 of 3 data claims have 999Gi");
+                converged.pop();
+                converged.push(bound(2, "1000Gi"));
+                assert_eq!(tk::condition(&plan(&running, &converged), "Progressing"), ("False".into(), "Converged".into()));
                 // A new StatefulSet is created at the spec's size.
                 let fresh = tk::find(&plan(&grown, &[]), "StatefulSet");
                 assert_eq!(fresh["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"], "999Gi");

@@ -51,3 +51,22 @@ pub fn grow_claims(ctx: &Ctx, children: &[Value]) -> Vec<Value> {
         })
         .collect()
 }
+
+/// While any bound data claim of the cluster has less capacity than `spec.storage.size`, a
+/// message saying how many have it (the resize runs in the storage driver and the kubelet;
+/// the claims' status shows when it is done).
+pub fn resizing(ctx: &Ctx, children: &[Value]) -> Option<String> {
+    let size = &ctx.cluster.spec.storage.size;
+    let want = parse_quantity(size)?;
+    let prefix = format!("{DATA_VOLUME}-{}-", ctx.name());
+    let capacities: Vec<Option<u128>> = children
+        .iter()
+        .filter(|c| str_at(c, &["kind"]) == Some("PersistentVolumeClaim"))
+        .filter(|c| str_at(c, &["metadata", "labels", INSTANCE_LABEL]) == Some(ctx.name()))
+        .filter(|c| str_at(c, &["metadata", "name"]).is_some_and(|n| n.starts_with(&prefix)))
+        .filter(|c| str_at(c, &["status", "phase"]) == Some("Bound"))
+        .map(|c| c.pointer("/status/capacity/storage").and_then(Value::as_str).and_then(parse_quantity))
+        .collect();
+    let done = capacities.iter().filter(|c| c.is_some_and(|c| c >= want)).count();
+    (done < capacities.len()).then(|| format!("{done} of {} data claims have {size}", capacities.len()))
+}
