@@ -360,7 +360,17 @@ async fn v1alpha1_and_v1_round_trip_through_the_conversion_webhook() -> anyhow::
         protected["spec"]
     );
     v1.delete("stored-alpha", &Default::default()).await?;
-    // (stored-from-v1 has deletionProtection; the namespace teardown removes it.)
+    // stored-from-v1 has deletionProtection, so it outlives the test until the namespace goes.
+    // A write at v1 stores it at v1 again: no object may stay encoded as v1alpha1, or the API
+    // server could not list the kind once the conversion webhook is gone (Restore), which
+    // breaks every later test that lists PostgresClusters.
+    v1.patch(
+        "stored-from-v1",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"metadata": {"annotations": {"stateward.test/migrated": "v1"}}})),
+    )
+    .await
+    .context("rewriting stored-from-v1 at v1")?;
 
     // 5. The objects in a list at v1alpha1 are converted too (a multi-object review).
     v1.create(

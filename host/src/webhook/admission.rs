@@ -139,7 +139,10 @@ async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
     };
     if req.operation == "CREATE" {
         let name = req.object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(&req.name);
-        match name_taken(&webhook, &req.kind.kind, &req.namespace, name).await {
+        // Bounded well inside the API server's webhook timeout: a slow or broken list of
+        // another kind must not turn into a refused create (the webhook fails closed).
+        let check = tokio::time::timeout(NAME_CHECK_TIMEOUT, name_taken(&webhook, &req.kind.kind, &req.namespace, name)).await;
+        match check.unwrap_or_else(|_| Err(format!("no answer within {NAME_CHECK_TIMEOUT:?}"))) {
             Ok(None) => {}
             Ok(Some(holder)) => field_errors.push(FieldError {
                 path: "metadata.name".into(),
@@ -202,8 +205,11 @@ async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
     }
 }
 
+/// How long admission waits to learn whether a new resource's name is taken.
+const NAME_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The kind of another resource named `name` in `namespace`, among the kinds served now.
-async fn name_taken(webhook: &Webhook, kind: &str, namespace: &str, name: &str) -> Result<Option<String>, kube::Error> {
+async fn name_taken(webhook: &Webhook, kind: &str, namespace: &str, name: &str) -> Result<Option<String>, String> {
     if name.is_empty() {
         return Ok(None);
     }
@@ -212,7 +218,10 @@ async fn name_taken(webhook: &Webhook, kind: &str, namespace: &str, name: &str) 
         let gvk = kube::core::GroupVersionKind::gvk(&other.group, &storage.name, &other.kind);
         let resource = kube::core::ApiResource::from_gvk_with_plural(&gvk, &other.plural);
         let api: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(webhook.client.clone(), namespace, &resource);
-        let found = api.list_metadata(&kube::api::ListParams::default().fields(&format!("metadata.name={name}"))).await?;
+        let found = api
+            .list_metadata(&kube::api::ListParams::default().fields(&format!("metadata.name={name}")))
+            .await
+            .map_err(|e| e.to_string())?;
         if !found.items.is_empty() {
             return Ok(Some(other.kind));
         }
