@@ -22,23 +22,29 @@ pub fn template_size(statefulset: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The data claims of this cluster among the children: labelled with its instance and named
+/// `data-<name>-<ordinal>` as its StatefulSet's claim template makes them.
+fn data_claims<'a>(ctx: &'a Ctx, children: &'a [Value]) -> impl Iterator<Item = (&'a str, &'a Value)> + 'a {
+    let prefix = format!("{DATA_VOLUME}-{}-", ctx.name());
+    children
+        .iter()
+        .filter(|c| str_at(c, &["kind"]) == Some("PersistentVolumeClaim"))
+        .filter(|c| str_at(c, &["metadata", "labels", INSTANCE_LABEL]) == Some(ctx.name()))
+        .filter_map(move |c| {
+            let name = str_at(c, &["metadata", "name"])?;
+            let ordinal = name.strip_prefix(&prefix)?;
+            (!ordinal.is_empty() && ordinal.bytes().all(|b| b.is_ascii_digit())).then_some((name, c))
+        })
+}
+
 /// A partial claim raising the storage request of every data claim of this cluster that asks
 /// for less than `spec.storage.size` (server-side applied: only that field is ours). Claims
 /// whose request cannot be read are left alone.
 pub fn grow_claims(ctx: &Ctx, children: &[Value]) -> Vec<Value> {
     let size = &ctx.cluster.spec.storage.size;
     let Some(want) = parse_quantity(size) else { return Vec::new() };
-    let prefix = format!("{DATA_VOLUME}-{}-", ctx.name());
-    children
-        .iter()
-        .filter(|c| str_at(c, &["kind"]) == Some("PersistentVolumeClaim"))
-        .filter(|c| str_at(c, &["metadata", "labels", INSTANCE_LABEL]) == Some(ctx.name()))
-        .filter_map(|c| {
-            let name = str_at(c, &["metadata", "name"])?;
-            let ordinal = name.strip_prefix(&prefix)?;
-            if ordinal.is_empty() || !ordinal.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
+    data_claims(ctx, children)
+        .filter_map(|(name, c)| {
             let have = parse_quantity(c.pointer("/spec/resources/requests/storage")?.as_str()?)?;
             (have < want).then(|| {
                 json!({
@@ -58,14 +64,9 @@ pub fn grow_claims(ctx: &Ctx, children: &[Value]) -> Vec<Value> {
 pub fn resizing(ctx: &Ctx, children: &[Value]) -> Option<String> {
     let size = &ctx.cluster.spec.storage.size;
     let want = parse_quantity(size)?;
-    let prefix = format!("{DATA_VOLUME}-{}-", ctx.name());
-    let capacities: Vec<Option<u128>> = children
-        .iter()
-        .filter(|c| str_at(c, &["kind"]) == Some("PersistentVolumeClaim"))
-        .filter(|c| str_at(c, &["metadata", "labels", INSTANCE_LABEL]) == Some(ctx.name()))
-        .filter(|c| str_at(c, &["metadata", "name"]).is_some_and(|n| n.starts_with(&prefix)))
-        .filter(|c| str_at(c, &["status", "phase"]) == Some("Bound"))
-        .map(|c| c.pointer("/status/capacity/storage").and_then(Value::as_str).and_then(parse_quantity))
+    let capacities: Vec<Option<u128>> = data_claims(ctx, children)
+        .filter(|(_, c)| str_at(c, &["status", "phase"]) == Some("Bound"))
+        .map(|(_, c)| c.pointer("/status/capacity/storage").and_then(Value::as_str).and_then(parse_quantity))
         .collect();
     let done = capacities.iter().filter(|c| c.is_some_and(|c| c >= want)).count();
     (done < capacities.len()).then(|| format!("{done} of {} data claims have {size}", capacities.len()))
