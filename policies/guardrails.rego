@@ -2,8 +2,12 @@
 #   {plugin:{name, version, digest, owns:[{apiVersion, kind}]},
 #    resource:{apiVersion, kind, namespace, name, generation, spec},
 #    action:{verb, object}}
-# where verb is "apply", "delete" or "ensure-secret" and object is Kubernetes-shaped
-# (a delete carries {apiVersion, kind, metadata:{name}}).
+# where verb is "apply", "delete", "ensure-secret", "label-pod", "exec", "http" or "status" and
+# object is Kubernetes-shaped (a delete carries {apiVersion, kind, metadata:{name}}; a request
+# or a label change names its Pod or Service with the labels and declared ports the host
+# observed on it, plus an "exec", "http" or "set" member saying what is asked; the status write
+# names the resource itself with status:{keys, bytes}, what the plugin reports beside phase and
+# conditions).
 #
 # Every message starts with "<rule-id>: " so the host can apply the rule's enforcement mode
 # (deny / warn / dryrun) from data.stateward.config.enforcement.guardrails.
@@ -43,12 +47,13 @@ resource_namespace := input.resource.namespace
 # --- kinds and namespaces -----------------------------------------------------------------
 
 deny contains msg if {
-	not verb in {"apply", "delete", "ensure-secret"}
-	msg := sprintf("unknown-verb: action verb \"%s\" is not one of apply, delete, ensure-secret", [verb])
+	not verb in {"apply", "delete", "ensure-secret", "label-pod", "exec", "http", "status"}
+	msg := sprintf("unknown-verb: action verb \"%s\" is not one of apply, delete, ensure-secret, label-pod, exec, http, status", [verb])
 }
 
+# Secrets are ensured, not owned; the status write is to the resource itself.
 deny contains msg if {
-	verb != "ensure-secret"
+	not verb in {"ensure-secret", "status"}
 	not owned
 	msg := sprintf("kind-not-owned: plugin %s does not declare %s/%s", [plugin_name, api_version, kind])
 }
@@ -75,14 +80,57 @@ deny contains msg if {
 	msg := sprintf("foreign-namespace: %s %s is in namespace %s, not %s", [kind, obj_name, ns, resource_namespace])
 }
 
+# --- requests to the running service and pod labels -----------------------------------------
+
+# A request (exec, http) or a label change goes only to a Pod or Service of the plugin's own
+# instance: the host puts the labels it observed on the target into the input, and a target it
+# did not observe among the instance's children has none.
+deny contains msg if {
+	verb in {"exec", "http", "label-pod"}
+	object.get(obj, ["metadata", "labels", "stateward.dev/instance"], "") != object.get(input, ["resource", "name"], "")
+	msg := sprintf("foreign-target: %s to %s %s, which is not one of instance %s's", [verb, kind, obj_name, object.get(input, ["resource", "name"], "")])
+}
+
+# Only the commands the policy data lists for the plugin (data.stateward.config.guardrails.
+# exec_commands[plugin]), by the program they run (argv[0]).
+deny contains msg if {
+	verb == "exec"
+	program := object.get(obj, ["exec", "command", 0], "")
+	allowed := object.get(data.stateward.config.guardrails, ["exec_commands", plugin_name], [])
+	not program in allowed
+	msg := sprintf("exec-command-not-allowed: plugin %s may not run %s in pod %s (allowed: %s)", [plugin_name, program, obj_name, concat(", ", allowed)])
+}
+
+# http only to a port the target declares (a container port of the Pod, a port of the Service).
+deny contains msg if {
+	verb == "http"
+	port := object.get(obj, ["http", "port"], 0)
+	not port in object.get(obj, "declaredPorts", [])
+	msg := sprintf("http-port-not-declared: %s %s declares no port %d", [kind, obj_name, port])
+}
+
+# --- status -------------------------------------------------------------------------------
+
+# What a plugin reports in status is readable by anyone who may read the resource and is
+# rewritten on every change: bounded by the policy data (the host refuses more than 64 KiB
+# whatever the policy says).
+deny contains msg if {
+	verb == "status"
+	bytes := object.get(obj, ["status", "bytes"], 0)
+	limit := object.get(data.stateward.config.guardrails, "max_status_bytes", 16384)
+	bytes > limit
+	msg := sprintf("status-too-large: %s %s reports %d bytes of status beside phase and conditions (at most %d)", [kind, obj_name, bytes, limit])
+}
+
 # --- pod templates ------------------------------------------------------------------------
 
-# Pod contents only matter for objects that will exist afterwards: a delete has no pod spec, so
+# Pod contents only matter for objects that will exist afterwards, which only an apply writes: a
+# delete has no pod spec, and a request or a label change names a running Pod without one, so
 # the container rules below need no check of their own. The table says where each workload kind
 # keeps its pod spec: one lookup rather than one rule definition per kind. A missing pod spec
 # comes back null, which every use below treats like an undefined one.
 pod_spec := object.get(obj, path, null) if {
-	verb != "delete"
+	verb == "apply"
 	path := {
 		"Pod": ["spec"],
 		"StatefulSet": ["spec", "template", "spec"],
@@ -178,6 +226,100 @@ deny contains msg if {
 	img := object.get(c, "image", "")
 	not allowed_image(img)
 	msg := sprintf("image-registry: container %s image %s is not from an allowed registry", [cname(c), img])
+}
+
+# --- identity and node access -------------------------------------------------------------
+
+# A managed service's pods have no business with the Kubernetes API: they run as the
+# namespace's default ServiceAccount (or one the policy data lists) and without its token.
+# serviceAccount is the deprecated alias of serviceAccountName.
+deny contains msg if {
+	some field, sa in object.filter(pod_spec, ["serviceAccountName", "serviceAccount"])
+	not sa in {"", "default"}
+	not sa in object.get(data.stateward.config.guardrails, "allowed_service_accounts", [])
+	msg := sprintf("service-account: %s %s runs as ServiceAccount %s", [kind, obj_name, sa])
+}
+
+# The token is mounted unless the pod says false (the ServiceAccount's own setting is not in
+# the plan, so it cannot be relied on).
+deny contains msg if {
+	pod_spec != null
+	not pod_spec.automountServiceAccountToken == false
+	msg := sprintf("service-account-token: %s %s does not set automountServiceAccountToken: false", [kind, obj_name])
+}
+
+deny contains msg if {
+	some c in all_containers
+	some p in c.ports
+	object.get(p, "hostPort", 0) != 0
+	msg := sprintf("host-port: container %s binds host port %v", [cname(c), p.hostPort])
+}
+
+# Pod volume types that stay within the pod or the cluster's storage API (the Pod Security
+# Standards' restricted list); hostPath has its own rule above. Anything else (iscsi, fc,
+# rbd, flexVolume, nfs, …) reaches a node's devices or a server directly.
+volume_types := {"configMap", "secret", "emptyDir", "persistentVolumeClaim", "projected", "downwardAPI", "ephemeral", "csi", "hostPath"}
+
+deny contains msg if {
+	some v in pod_spec.volumes
+	some field, _ in v
+	field != "name"
+	not field in volume_types
+	msg := sprintf("volume-type: volume %s is of type %s", [object.get(v, "name", "<unnamed>"), field])
+}
+
+deny contains msg if {
+	seccomp_unconfined(pod_spec)
+	msg := sprintf("seccomp-unconfined: %s %s sets seccompProfile Unconfined", [kind, obj_name])
+}
+
+deny contains msg if {
+	some c in all_containers
+	seccomp_unconfined(c)
+	msg := sprintf("seccomp-unconfined: container %s sets seccompProfile Unconfined", [cname(c)])
+}
+
+seccomp_unconfined(x) if x.securityContext.seccompProfile.type == "Unconfined"
+
+# Without allowPrivilegeEscalation: false a setuid binary in the image can gain privileges
+# (no_new_privs is off); the restricted Pod Security Standard asks for it explicitly.
+deny contains msg if {
+	some c in all_containers
+	not c.securityContext.allowPrivilegeEscalation == false
+	msg := sprintf("privilege-escalation: container %s does not set allowPrivilegeEscalation: false", [cname(c)])
+}
+
+# --- scheduling ---------------------------------------------------------------------------
+
+# Control-plane nodes run the cluster itself: a pod may tolerate their taints only when the
+# policy data says so (data.stateward.config.guardrails.allow_control_plane_tolerations). A
+# toleration with an empty key and operator Exists tolerates every taint, these included.
+# Pods without tolerations (the common case) stop at the first line: pod_spec.tolerations is
+# undefined, so neither the loop nor the function call runs (see the cost notes).
+deny contains msg if {
+	some t in pod_spec.tolerations
+	tolerates_control_plane(t)
+	not data.stateward.config.guardrails.allow_control_plane_tolerations == true
+	key := object.get(t, "key", "")
+	what := {true: "every taint (empty key, operator Exists)", false: key}[key == ""]
+	msg := sprintf("control-plane-toleration: %s %s tolerates %s", [kind, obj_name, what])
+}
+
+# Both definitions are true when they hold, so the RVM stops at the first.
+tolerates_control_plane(t) if object.get(t, "key", "") in {"node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master"}
+
+tolerates_control_plane(t) if {
+	object.get(t, "key", "") == ""
+	object.get(t, "operator", "Equal") == "Exists"
+}
+
+# The system priority classes may preempt anything, cluster components included: only those
+# the policy data lists (data.stateward.config.guardrails.allowed_system_priority_classes).
+deny contains msg if {
+	pc := pod_spec.priorityClassName
+	pc in {"system-node-critical", "system-cluster-critical"}
+	not pc in object.get(data.stateward.config.guardrails, "allowed_system_priority_classes", [])
+	msg := sprintf("system-priority-class: %s %s uses priorityClassName %s", [kind, obj_name, pc])
 }
 
 # --- PodDisruptionBudget ------------------------------------------------------------------

@@ -25,7 +25,7 @@ resource := {
 container := {
 	"name": "postgres",
 	"image": "docker.io/library/postgres:16.4",
-	"securityContext": {"runAsNonRoot": true},
+	"securityContext": {"runAsNonRoot": true, "allowPrivilegeEscalation": false},
 	"resources": {"limits": {"cpu": "1", "memory": "1Gi"}},
 }
 
@@ -36,9 +36,9 @@ sts(pod) := {
 	"spec": {"replicas": 3, "template": {"spec": pod}},
 }
 
-good_pod := {"containers": [container]}
+good_pod := {"automountServiceAccountToken": false, "containers": [container]}
 
-with_container(c) := {"containers": [object.union(container, c)]}
+with_container(c) := {"automountServiceAccountToken": false, "containers": [object.union(container, c)]}
 
 apply(o) := {"plugin": plugin, "resource": resource, "action": {"verb": "apply", "object": o}}
 
@@ -54,7 +54,7 @@ test_compliant_statefulset_allowed if {
 }
 
 test_unknown_verb_denied if {
-	denied({"plugin": plugin, "resource": resource, "action": {"verb": "exec", "object": sts(good_pod)}}, "unknown-verb")
+	denied({"plugin": plugin, "resource": resource, "action": {"verb": "patch", "object": sts(good_pod)}}, "unknown-verb")
 }
 
 test_kind_not_owned_denied if {
@@ -68,6 +68,22 @@ test_owned_kind_allowed if {
 test_ensure_secret_needs_no_declared_kind if {
 	inp := {"plugin": plugin, "resource": resource, "action": {"verb": "ensure-secret", "object": {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "main-credentials"}}}}
 	count(guardrails.deny) == 0 with input as inp
+}
+
+status_write(bytes) := {"plugin": plugin, "resource": resource, "action": {"verb": "status", "object": {"apiVersion": "stateward.dev/v1alpha1", "kind": "PostgresCluster", "metadata": {"name": "main"}, "status": {"keys": ["instances"], "bytes": bytes}}}}
+
+test_status_write_within_the_limit_allowed if {
+	count(guardrails.deny) == 0 with input as status_write(2048)
+}
+
+test_status_write_past_the_limit_denied if {
+	some msg in guardrails.deny with input as status_write(16385)
+	startswith(msg, "status-too-large: PostgresCluster main reports 16385 bytes")
+}
+
+test_status_limit_comes_from_data if {
+	count(guardrails.deny) == 0 with input as status_write(16385)
+		with data.stateward.config.guardrails.max_status_bytes as 32768
 }
 
 test_delete_of_owned_kind_allowed if {
@@ -91,7 +107,7 @@ test_privileged_denied if {
 }
 
 test_privileged_init_container_denied if {
-	pod := {"initContainers": [object.union(container, {"name": "init", "securityContext": {"runAsNonRoot": true, "privileged": true}})], "containers": [container]}
+	pod := {"initContainers": [object.union(container, {"name": "init", "securityContext": {"runAsNonRoot": true, "privileged": true}})], "containers": [container], "automountServiceAccountToken": false}
 	denied(apply(sts(pod)), "privileged")
 }
 
@@ -119,7 +135,7 @@ test_added_capabilities_denied if {
 }
 
 test_dropped_capabilities_allowed if {
-	c := {"securityContext": {"runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}}}
+	c := {"securityContext": {"runAsNonRoot": true, "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}
 	count(guardrails.deny) == 0 with input as apply(sts(with_container(c)))
 }
 
@@ -130,7 +146,7 @@ test_run_as_root_denied if {
 
 test_pod_level_run_as_non_root_allowed if {
 	c := object.remove(container, ["securityContext"])
-	pod := {"securityContext": {"runAsNonRoot": true}, "containers": [c]}
+	pod := {"securityContext": {"runAsNonRoot": true}, "containers": [object.union(c, {"securityContext": {"allowPrivilegeEscalation": false}})], "automountServiceAccountToken": false}
 	count(guardrails.deny) == 0 with input as apply(sts(pod))
 }
 
@@ -208,8 +224,58 @@ test_registry_port_is_not_a_tag if {
 	guardrails.pinned("quay.io:443/postgres:17")
 	not guardrails.pinned("quay.io:443/postgres")
 	not guardrails.pinned("postgres@sha1:1111")
-	guardrails.allowed_image("quay.io/postgres")
-	not guardrails.allowed_image("quay.io:443/postgres:17")
+	guardrails.allowed_image("registry.k8s.io/postgres")
+	not guardrails.allowed_image("registry.k8s.io:443/postgres:17")
+}
+
+# Anyone can publish under quay.io/: the shipped list names no such registry; an administrator
+# adds the organisations they trust.
+test_any_quay_image_is_not_admitted if {
+	not guardrails.allowed_image("quay.io/anyone/postgres:17")
+	guardrails.allowed_image("quay.io/trusted/postgres:17") with data.stateward.config.guardrails.allowed_registries as ["quay.io/trusted/"]
+}
+
+# --- identity and node access -------------------------------------------------------------
+
+test_service_account_denied_unless_listed if {
+	denied(apply(sts(object.union(good_pod, {"serviceAccountName": "stateward"}))), "service-account")
+	denied(apply(sts(object.union(good_pod, {"serviceAccount": "admin"}))), "service-account")
+	count(guardrails.deny) == 0 with input as apply(sts(object.union(good_pod, {"serviceAccountName": "default"})))
+	count(guardrails.deny) == 0 with input as apply(sts(object.union(good_pod, {"serviceAccountName": "backup"}))) with data.stateward.config.guardrails.allowed_service_accounts as ["backup"]
+}
+
+test_service_account_token_must_be_off if {
+	denied(apply(sts(object.remove(good_pod, ["automountServiceAccountToken"]))), "service-account-token")
+	denied(apply(sts(object.union(good_pod, {"automountServiceAccountToken": true}))), "service-account-token")
+}
+
+test_host_port_denied if {
+	denied(apply(sts(with_container({"ports": [{"containerPort": 5432, "hostPort": 5432}]}))), "host-port")
+	count(guardrails.deny) == 0 with input as apply(sts(with_container({"ports": [{"containerPort": 5432}]})))
+	count(guardrails.deny) == 0 with input as apply(sts(with_container({"ports": [{"containerPort": 5432, "hostPort": 0}]})))
+}
+
+test_node_volume_types_denied if {
+	every v in [{"name": "d", "iscsi": {}}, {"name": "d", "fc": {}}, {"name": "d", "rbd": {}}, {"name": "d", "flexVolume": {"driver": "x"}}, {"name": "d", "nfs": {"server": "x", "path": "/"}}] {
+		denied(apply(sts(object.union(good_pod, {"volumes": [v]}))), "volume-type")
+	}
+	ok := [{"name": "a", "configMap": {"name": "c"}}, {"name": "b", "secret": {"secretName": "s"}}, {"name": "c", "persistentVolumeClaim": {"claimName": "p"}}, {"name": "d", "projected": {"sources": []}}, {"name": "e", "emptyDir": {}}]
+	count(guardrails.deny) == 0 with input as apply(sts(object.union(good_pod, {"volumes": ok})))
+	# hostPath is named by its own rule only.
+	msgs := guardrails.deny with input as apply(sts(object.union(good_pod, {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]})))
+	msgs == {"host-path: volume root mounts a host path"}
+}
+
+test_seccomp_unconfined_denied if {
+	denied(apply(sts(object.union(good_pod, {"securityContext": {"seccompProfile": {"type": "Unconfined"}}}))), "seccomp-unconfined")
+	denied(apply(sts(with_container({"securityContext": {"runAsNonRoot": true, "allowPrivilegeEscalation": false, "seccompProfile": {"type": "Unconfined"}}}))), "seccomp-unconfined")
+	count(guardrails.deny) == 0 with input as apply(sts(object.union(good_pod, {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}})))
+}
+
+test_privilege_escalation_must_be_off if {
+	c := object.union(object.remove(container, ["securityContext"]), {"securityContext": {"runAsNonRoot": true}})
+	denied(apply(sts(object.union(good_pod, {"containers": [c]}))), "privilege-escalation")
+	denied(apply(sts(with_container({"securityContext": {"runAsNonRoot": true, "allowPrivilegeEscalation": true}}))), "privilege-escalation")
 }
 
 # The first definitions of allowed_image and pinned only cover common cases; these are decided
@@ -226,7 +292,7 @@ test_image_fast_paths_agree_with_general_rule if {
 
 test_host_namespace_only_when_true if {
 	denied(apply(sts({"hostPID": true, "containers": [container]})), "host-namespace")
-	count(guardrails.deny) == 0 with input as apply(sts({"hostNetwork": false, "hostIPC": "true", "containers": [container]}))
+	count(guardrails.deny) == 0 with input as apply(sts({"hostNetwork": false, "hostIPC": "true", "containers": [container], "automountServiceAccountToken": false}))
 }
 
 test_delete_skips_pod_checks if {
@@ -237,4 +303,122 @@ test_delete_skips_pod_checks if {
 test_declared_kind_with_more_fields_is_owned if {
 	p := object.union(plugin, {"owns": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "group": "apps"}]})
 	count(guardrails.deny) == 0 with input as {"plugin": p, "resource": resource, "action": {"verb": "apply", "object": sts(good_pod)}}
+}
+
+# --- scheduling ---------------------------------------------------------------------------
+
+toleration(key, operator) := {"key": key, "operator": operator, "effect": "NoSchedule"}
+
+test_ordinary_tolerations_allowed if {
+	pod := object.union(good_pod, {"tolerations": [toleration("dedicated", "Exists"), {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}]})
+	count(guardrails.deny) == 0 with input as apply(sts(pod))
+}
+
+test_control_plane_tolerations_denied if {
+	every key in ["node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master"] {
+		denied(apply(sts(object.union(good_pod, {"tolerations": [toleration(key, "Exists")]}))), "control-plane-toleration")
+	}
+	# Equal, or another effect, still names the taint.
+	denied(apply(sts(object.union(good_pod, {"tolerations": [{"key": "node-role.kubernetes.io/master", "operator": "Equal", "value": ""}]}))), "control-plane-toleration")
+}
+
+test_toleration_of_every_taint_denied if {
+	denied(apply(sts(object.union(good_pod, {"tolerations": [{"operator": "Exists"}]}))), "control-plane-toleration")
+	denied(apply(sts(object.union(good_pod, {"tolerations": [{"key": "", "operator": "Exists", "effect": "NoSchedule"}]}))), "control-plane-toleration")
+	msgs := guardrails.deny with input as apply(sts(object.union(good_pod, {"tolerations": [{"operator": "Exists"}]})))
+	msgs == {"control-plane-toleration: StatefulSet main tolerates every taint (empty key, operator Exists)"}
+}
+
+test_control_plane_toleration_allowed_by_data if {
+	pod := object.union(good_pod, {"tolerations": [toleration("node-role.kubernetes.io/control-plane", "Exists"), {"operator": "Exists"}]})
+	count(guardrails.deny) == 0 with input as apply(sts(pod)) with data.stateward.config.guardrails.allow_control_plane_tolerations as true
+	# Anything but true is no consent.
+	denied(apply(sts(pod)), "control-plane-toleration") with data.stateward.config.guardrails.allow_control_plane_tolerations as "true"
+}
+
+test_system_priority_classes_denied if {
+	every pc in ["system-node-critical", "system-cluster-critical"] {
+		denied(apply(sts(object.union(good_pod, {"priorityClassName": pc}))), "system-priority-class")
+	}
+	msgs := guardrails.deny with input as apply(sts(object.union(good_pod, {"priorityClassName": "system-node-critical"})))
+	msgs == {"system-priority-class: StatefulSet main uses priorityClassName system-node-critical"}
+}
+
+test_other_priority_classes_allowed if {
+	count(guardrails.deny) == 0 with input as apply(sts(object.union(good_pod, {"priorityClassName": "databases"})))
+	count(guardrails.deny) == 0 with input as apply(sts(object.union(good_pod, {"priorityClassName": "system-databases"})))
+}
+
+test_system_priority_class_allowed_by_data if {
+	pod := object.union(good_pod, {"priorityClassName": "system-cluster-critical"})
+	count(guardrails.deny) == 0 with input as apply(sts(pod)) with data.stateward.config.guardrails.allowed_system_priority_classes as ["system-cluster-critical"]
+	denied(apply(sts(object.union(good_pod, {"priorityClassName": "system-node-critical"}))), "system-priority-class") with data.stateward.config.guardrails.allowed_system_priority_classes as ["system-cluster-critical"]
+}
+
+test_scheduling_rules_skip_deletes if {
+	o := sts(object.union(good_pod, {"priorityClassName": "system-node-critical", "tolerations": [{"operator": "Exists"}]}))
+	count(guardrails.deny) == 0 with input as {"plugin": plugin, "resource": resource, "action": {"verb": "delete", "object": o}}
+}
+
+# --- requests to the running service --------------------------------------------------------
+
+pod_owner := object.union(plugin, {"owns": array.concat(plugin.owns, [{"apiVersion": "v1", "kind": "Pod"}])})
+
+pod_target(labels, extra) := object.union(
+	{
+		"apiVersion": "v1", "kind": "Pod",
+		"metadata": {"name": "main-0", "namespace": "db", "labels": labels},
+		"declaredPorts": [5432, 8008],
+	},
+	extra,
+)
+
+own_labels := {"stateward.dev/instance": "main"}
+
+request(verb, o) := {"plugin": pod_owner, "resource": resource, "action": {"verb": verb, "object": o}}
+
+exec_of(cmd) := {"exec": {"id": "role-0", "mode": {"every": 10000}, "timeoutMs": 5000, "container": "postgres", "command": cmd, "stdinBytes": 0}}
+
+http_to(port) := {"http": {"id": "health", "mode": "once", "timeoutMs": 5000, "port": port, "method": "GET", "path": "/health", "tls": false, "headers": [], "bodyBytes": 0, "basicAuthSecret": null}}
+
+test_exec_of_a_listed_command_into_an_own_pod_allowed if {
+	count(guardrails.deny) == 0 with input as request("exec", pod_target(own_labels, exec_of(["psql", "-c", "select 1"])))
+}
+
+test_exec_into_another_instances_pod_denied if {
+	denied(request("exec", pod_target({"stateward.dev/instance": "other"}, exec_of(["psql"]))), "foreign-target")
+}
+
+test_exec_into_an_unobserved_pod_denied if {
+	denied(request("exec", pod_target({}, exec_of(["psql"]))), "foreign-target")
+}
+
+test_exec_of_an_unlisted_command_denied if {
+	denied(request("exec", pod_target(own_labels, exec_of(["sh", "-c", "rm -rf /"]))), "exec-command-not-allowed")
+}
+
+test_exec_needs_the_pod_kind_owned if {
+	denied({"plugin": plugin, "resource": resource, "action": {"verb": "exec", "object": pod_target(own_labels, exec_of(["psql"]))}}, "kind-not-owned")
+}
+
+test_http_to_a_declared_port_allowed if {
+	count(guardrails.deny) == 0 with input as request("http", pod_target(own_labels, http_to(8008)))
+}
+
+test_http_to_an_undeclared_port_denied if {
+	denied(request("http", pod_target(own_labels, http_to(22))), "http-port-not-declared")
+}
+
+test_http_to_another_instance_denied if {
+	denied(request("http", pod_target({"stateward.dev/instance": "other"}, http_to(8008))), "foreign-target")
+}
+
+test_label_pod_of_another_instance_denied if {
+	o := pod_target({"stateward.dev/instance": "other"}, {"set": {"labels": {"role": "primary"}, "annotations": {}}})
+	denied(request("label-pod", o), "foreign-target")
+}
+
+test_label_own_pod_allowed if {
+	o := pod_target(own_labels, {"set": {"labels": {"role": "primary"}, "annotations": {}}})
+	count(guardrails.deny) == 0 with input as request("label-pod", o)
 }

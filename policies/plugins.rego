@@ -1,9 +1,16 @@
-# Plugins: which plugin builds may load. Input: {name, version, digest, size, kinds}
-# where digest is "sha256:<hex>", size is in bytes and kinds lists {apiVersion, kind}.
-# data.stateward.config.plugins.allowed maps a plugin name to optional `digests` pins
-# (empty: any build) and optional `kinds` (the kinds it may declare).
+# Plugins: which plugin builds may load. Input: {name, version, digest, size, kinds, source,
+# stage, configMap} where digest is "sha256:<hex>", size is in bytes, kinds lists
+# {apiVersion, kind}, source is "builtin" (the image's plugin directory) or "configmap", and
+# stage is "before-compile" (a ConfigMap build, decided on the ConfigMap alone: version and
+# kinds are still empty, configMap holds its name and labels) or "loaded" (after info()).
+# Every rule is written to decide correctly at both stages.
 #
-# Every message starts with "<rule-id>: " (see guardrails.rego).
+# data.stateward.config.plugins.allowed maps a plugin name to optional `digests` pins
+# (empty: any build) and optional `kinds` (the kinds it may declare); `pins` maps a plugin
+# name to more pinned digests (what `stateward run --pin-plugin` adds); `require_pins: true`
+# (or `stateward run --require-plugin-pins`) is the hardened profile: a ConfigMap build loads
+# only with a pinned digest.
+#
 package stateward.plugins
 
 cfg := data.stateward.config.plugins
@@ -24,9 +31,20 @@ deny contains msg if {
 	msg := sprintf("digest-format: plugin %s digest %s is not sha256:<64 hex>", [name, digest])
 }
 
+source := object.get(input, "source", "builtin")
+
+pins := {d | some d in object.get(entry, "digests", [])} | {d | some d in object.get(object.get(cfg, "pins", {}), name, [])}
+
+pin_required if count(pins) > 0
+
+pin_required if {
+	object.get(cfg, "require_pins", false) == true
+	source == "configmap"
+}
+
 deny contains msg if {
-	count(object.get(entry, "digests", [])) > 0
-	not digest in entry.digests
+	pin_required
+	not digest in pins
 	msg := sprintf("digest-pin: plugin %s digest %s is not pinned", [name, digest])
 }
 
@@ -52,6 +70,6 @@ kind_allowed(k, allowed_kinds) if {
 
 warn contains msg if {
 	entry
-	count(object.get(entry, "digests", [])) == 0
+	count(pins) == 0
 	msg := sprintf("unpinned: plugin %s loads without a digest pin", [name])
 }

@@ -18,7 +18,7 @@
 //!   tests/tools/build-jaeger cache).
 //!
 //! cargo bench -p stateward --bench otel_overhead     (target: closed port ≤ 1.10 × export off)
-#![allow(clippy::panic, clippy::unwrap_used)]
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -90,21 +90,21 @@ impl Path<'_> {
             elapsed_ms = tracing::field::Empty
         );
         let started = Instant::now();
-        let plan = call
-            .in_scope(|| self.plugin.reconcile(RESOURCE, &children, 0, "default"))
-            .expect("plan");
+        let plan = call.in_scope(|| self.plugin.reconcile(RESOURCE, &children, 0, "default")).expect("plan");
         call.record("elapsed_ms", started.elapsed().as_secs_f64() * 1e3);
         let eval = tracing::info_span!(
             "policy.eval",
             path = "data.stateward.guardrails",
             result = tracing::field::Empty
         );
-        let verdict =
-            eval.in_scope(|| stateward::plan_gate::check(self.gate, self.plugin, &self.resource, &plan.actions));
+        let verdict = eval.in_scope(|| {
+            stateward::guardrails::check(self.gate, self.plugin, &self.resource, &[], &plan.actions, None)
+        });
         assert!(verdict.allowed(), "the shipped guardrails allow the postgres plan");
         eval.record("result", "allow");
         for action in &plan.actions {
-            let span = tracing::info_span!("apply", kind = "StatefulSet", name = "bench", verb = action.verb());
+            let span =
+                tracing::info_span!("apply", kind = "StatefulSet", name = "bench", verb = action.verb());
             span.in_scope(|| std::hint::black_box(action));
         }
         tracing::info_span!("status").in_scope(|| std::hint::black_box(&plan.status));
@@ -137,19 +137,11 @@ fn config(name: &str, export: Option<Option<ExportSettings>>) -> Config {
         None => (Dispatch::new(tracing_subscriber::registry().with(json_logs())), None),
         Some(settings) => {
             let provider = otel::provider(settings.as_ref(), &stats).expect("provider");
-            let subscriber = tracing_subscriber::registry()
-                .with(otel::layer(&provider))
-                .with(json_logs());
+            let subscriber = tracing_subscriber::registry().with(otel::layer(&provider)).with(json_logs());
             (Dispatch::new(subscriber), Some(provider))
         }
     };
-    Config {
-        name: name.to_owned(),
-        dispatch,
-        provider,
-        stats,
-        samples: Vec::new(),
-    }
+    Config { name: name.to_owned(), dispatch, provider, stats, samples: Vec::new() }
 }
 
 fn jaeger_binary() -> Option<PathBuf> {
@@ -167,11 +159,7 @@ fn jaeger_binary() -> Option<PathBuf> {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A Jaeger with in-memory storage and an OTLP/HTTP receiver on a loopback port.
@@ -221,7 +209,8 @@ fn mean(samples: &[Duration]) -> Duration {
 
 fn main() {
     let sandbox: Arc<Sandbox> = Sandbox::new(Limits::default(), AllocatorKind::Auto, None).expect("sandbox");
-    let plugin = Plugin::load(&sandbox, &std::fs::read(support::wasm("stateward-postgres")).unwrap()).expect("load");
+    let plugin =
+        Plugin::load(&sandbox, &std::fs::read(support::wasm("stateward-postgres")).unwrap()).expect("load");
     let policies = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
     let engine = Arc::new(PolicyEngine::compile(&Bundle::from_dir(&policies).unwrap()).unwrap());
     let audit_path = std::env::temp_dir().join(format!("otel-bench-audit-{}.jsonl", std::process::id()));
@@ -245,10 +234,7 @@ fn main() {
     ];
     let jaeger = jaeger_binary().map(|bin| start_jaeger(&bin));
     if let Some((_, endpoint)) = &jaeger {
-        configs.push(config(
-            "export → live Jaeger",
-            Some(Some(ExportSettings::to_base(endpoint))),
-        ));
+        configs.push(config("export → live Jaeger", Some(Some(ExportSettings::to_base(endpoint)))));
     }
 
     for c in &configs {

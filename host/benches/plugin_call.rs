@@ -3,6 +3,7 @@
 //! precompiled cache. Prints a table of p50/p99 and ratios.
 //!
 //! cargo bench -p stateward --bench plugin_call
+#![allow(clippy::expect_used)]
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -61,10 +62,8 @@ fn main() {
     let wasm_path = support::wasm("stateward-postgres");
     let bytes = std::fs::read(&wasm_path).expect("read plugin");
     let mut rows = Vec::new();
-    let mut criterion = Criterion::default()
-        .configure_from_args()
-        .sample_size(30)
-        .measurement_time(Duration::from_secs(3));
+    let mut criterion =
+        Criterion::default().configure_from_args().sample_size(30).measurement_time(Duration::from_secs(3));
 
     for allocator in [AllocatorKind::OnDemand, AllocatorKind::Pooling] {
         let sandbox = Sandbox::new(Limits::default(), allocator, None).expect("sandbox");
@@ -91,6 +90,7 @@ fn main() {
         resource: RESOURCE.to_string(),
         children: children.clone(),
         now_ms: 0,
+        responses: Vec::new(),
     };
     criterion.bench_function("reconcile/native", |b| {
         b.iter(|| stateward_postgres::Postgres::reconcile(observed()).expect("plan"))
@@ -101,7 +101,8 @@ fn main() {
 
     // Cold load: a new engine each time, the component coming from the on-disk cache.
     let cache = std::env::temp_dir().join(format!("stateward-bench-cache-{}", std::process::id()));
-    let make = || Sandbox::new(Limits::default(), AllocatorKind::OnDemand, Some(cache.clone())).expect("sandbox");
+    let make =
+        || Sandbox::new(Limits::default(), AllocatorKind::OnDemand, Some(cache.clone())).expect("sandbox");
     Plugin::load(&make(), &bytes).expect("warm the cache");
     let cold_cached = percentiles(sample(30, || {
         let p = Plugin::load(&make(), &bytes).expect("load");
@@ -114,14 +115,26 @@ fn main() {
     let _ = std::fs::remove_dir_all(&cache);
 
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    println!("\nplugin call benchmark (postgres, 3 replicas, {} children, {} byte component)", children.len(), bytes.len());
+    println!(
+        "\nplugin call benchmark (postgres, 3 replicas, {} children, {} byte component)",
+        children.len(),
+        bytes.len()
+    );
     println!("| measurement | p50 | p99 | p50 / native p50 |");
     println!("|---|---|---|---|");
     println!("| reconcile/native | {:.1} µs | {:.1} µs | 1.00 |", us(native.0), us(native.1));
     for (name, (p50, p99)) in &rows {
         println!("| {name} | {:.1} µs | {:.1} µs | {:.2} |", us(*p50), us(*p99), us(*p50) / us(native.0));
     }
-    println!("| cold load, precompiled cache | {:.2} ms | {:.2} ms | |", us(cold_cached.0) / 1e3, us(cold_cached.1) / 1e3);
-    println!("| cold load, compiling | {:.1} ms | {:.1} ms | |", us(cold_compile.0) / 1e3, us(cold_compile.1) / 1e3);
+    println!(
+        "| cold load, precompiled cache | {:.2} ms | {:.2} ms | |",
+        us(cold_cached.0) / 1e3,
+        us(cold_cached.1) / 1e3
+    );
+    println!(
+        "| cold load, compiling | {:.1} ms | {:.1} ms | |",
+        us(cold_compile.0) / 1e3,
+        us(cold_compile.1) / 1e3
+    );
     println!("targets: wasm/native <= 3.0, wasm p50 <= 250 µs, cold load <= 50 ms");
 }

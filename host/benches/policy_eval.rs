@@ -4,7 +4,7 @@
 //!
 //! Run: tests/tools/build-opa && cargo bench -p stateward --bench policy_eval
 //! Targets (issue 6): in-process p50 <= 20 µs; >= 10x faster than OPA over REST.
-#![allow(clippy::panic, clippy::unwrap_used)]
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use stateward::policy::{
-    AuditLog, AuditSink, Bundle, DecisionContext, DecisionPoint, FsyncPolicy, Gate, KindRef,
-    PlannedAction, PluginRef, PolicyEngine,
+    AuditLog, AuditSink, Bundle, DecisionContext, DecisionPoint, FsyncPolicy, Gate, KindRef, PlanAuthor,
+    PlannedAction, PolicyEngine,
 };
 
 const OPA_VERSION: &str = "v1.22.4";
@@ -29,44 +29,26 @@ fn opa_bin() -> PathBuf {
     if let Ok(p) = std::env::var("STATEWARD_OPA") {
         return PathBuf::from(p);
     }
-    let cache = std::env::var("STATEWARD_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            std::env::var("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache"))
-                .join("stateward")
-        });
-    let p = cache
-        .join("bin")
-        .join(format!("opa-{OPA_VERSION}"))
-        .join("opa");
-    assert!(
-        p.is_file(),
-        "opa binary missing at {}: run tests/tools/build-opa",
-        p.display()
-    );
+    let cache = std::env::var("STATEWARD_CACHE").map(PathBuf::from).unwrap_or_else(|_| {
+        std::env::var("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache"))
+            .join("stateward")
+    });
+    let p = cache.join("bin").join(format!("opa-{OPA_VERSION}")).join("opa");
+    assert!(p.is_file(), "opa binary missing at {}: run tests/tools/build-opa", p.display());
     p
 }
 
-fn plugin() -> PluginRef {
-    PluginRef {
+fn plugin() -> PlanAuthor {
+    PlanAuthor {
         name: "postgres".into(),
         version: "0.1.0".into(),
         digest: format!("sha256:{}", "0".repeat(64)),
         owns: vec![
-            KindRef {
-                api_version: "apps/v1".into(),
-                kind: "StatefulSet".into(),
-            },
-            KindRef {
-                api_version: "v1".into(),
-                kind: "Service".into(),
-            },
-            KindRef {
-                api_version: "policy/v1".into(),
-                kind: "PodDisruptionBudget".into(),
-            },
+            KindRef { api_version: "apps/v1".into(), kind: "StatefulSet".into() },
+            KindRef { api_version: "v1".into(), kind: "Service".into() },
+            KindRef { api_version: "policy/v1".into(), kind: "PodDisruptionBudget".into() },
         ],
     }
 }
@@ -83,7 +65,7 @@ fn statefulset() -> Value {
       "spec": {"replicas": 3, "serviceName": "main",
         "selector": {"matchLabels": {"app.kubernetes.io/instance": "main"}},
         "template": {"metadata": {"labels": {"app.kubernetes.io/instance": "main"}},
-          "spec": {"securityContext": {"runAsNonRoot": true, "fsGroup": 999},
+          "spec": {"securityContext": {"runAsNonRoot": true, "fsGroup": 999}, "automountServiceAccountToken": false,
             "containers": [{"name": "postgres", "image": "docker.io/library/postgres:16.4",
               "ports": [{"containerPort": 5432, "name": "pg"}],
               "env": [{"name": "PGDATA", "value": "/var/lib/postgresql/data/pgdata"}],
@@ -122,20 +104,9 @@ impl Drop for Opa {
 }
 
 fn start_opa(policies: &Path) -> Opa {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let child = Command::new(opa_bin())
-        .args([
-            "run",
-            "--server",
-            "--skip-version-check",
-            "--log-level",
-            "error",
-            "--addr",
-        ])
+        .args(["run", "--server", "--skip-version-check", "--log-level", "error", "--addr"])
         .arg(format!("127.0.0.1:{port}"))
         .arg(policies)
         .stdout(Stdio::null())
@@ -150,10 +121,7 @@ fn start_opa(policies: &Path) -> Opa {
                 return opa;
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "opa server did not become healthy"
-        );
+        assert!(Instant::now() < deadline, "opa server did not become healthy");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -168,11 +136,7 @@ fn http(s: &mut TcpStream, method: &str, path: &str, body: &str) -> std::io::Res
     let mut r = BufReader::new(s.try_clone()?);
     let mut line = String::new();
     r.read_line(&mut line)?;
-    let status: u16 = line
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    let status: u16 = line.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let (mut len, mut chunked) = (0usize, false);
     loop {
         line.clear();
@@ -213,10 +177,7 @@ fn http(s: &mut TcpStream, method: &str, path: &str, body: &str) -> std::io::Res
 fn main() {
     let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
     let engine = Arc::new(PolicyEngine::compile(&Bundle::from_dir(&policies).unwrap()).unwrap());
-    let action = PlannedAction {
-        verb: "apply".into(),
-        object: statefulset(),
-    };
+    let action = PlannedAction { verb: "apply".into(), object: statefulset() };
     let input = json!({
         "plugin": {"name": "postgres", "version": "0.1.0", "digest": plugin().digest, "owns": plugin().owns},
         "resource": resource(),
@@ -227,16 +188,9 @@ fn main() {
 
     // 1. In-process engine only.
     let ev = engine.evaluate(DecisionPoint::Guardrails, &input);
-    assert!(
-        ev.error.is_none() && ev.deny.is_empty(),
-        "benchmark input must be allowed: {ev:?}"
-    );
-    time_n(2_000, || {
-        drop(engine.evaluate(DecisionPoint::Guardrails, &input))
-    });
-    let local = percentiles(time_n(n_local, || {
-        drop(engine.evaluate(DecisionPoint::Guardrails, &input))
-    }));
+    assert!(ev.error.is_none() && ev.deny.is_empty(), "benchmark input must be allowed: {ev:?}");
+    time_n(2_000, || drop(engine.evaluate(DecisionPoint::Guardrails, &input)));
+    let local = percentiles(time_n(n_local, || drop(engine.evaluate(DecisionPoint::Guardrails, &input))));
 
     // 2. Whole gate (evaluate + enforcement + audit line) per fsync policy.
     let dir = std::env::temp_dir().join(format!("stateward-bench-{}", std::process::id()));
@@ -254,16 +208,11 @@ fn main() {
         let gate = Gate::new(engine.clone(), Arc::new(log));
         let res = resource();
         let acts = vec![action.clone(); plan_len];
-        let t: Vec<u64> = time_n(n, || {
-            assert!(gate.check_plan(&ctx, &plugin(), &res, &acts).allowed())
-        })
-        .into_iter()
-        .map(|ns| ns / plan_len as u64)
-        .collect();
-        assert!(stateward::policy::audit::verify(&path)
-            .unwrap()
-            .first_break
-            .is_none());
+        let t: Vec<u64> = time_n(n, || assert!(gate.check_plan(&ctx, &plugin(), &res, &acts).allowed()))
+            .into_iter()
+            .map(|ns| ns / plan_len as u64)
+            .collect();
+        assert!(stateward::policy::audit::verify(&path).unwrap().first_break.is_none());
         gate_rows.push((label, n, percentiles(t)));
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -277,9 +226,7 @@ fn main() {
     assert_eq!(status, 200, "{resp}");
     let resp: Value = serde_json::from_str(&resp).unwrap();
     assert_eq!(resp["result"]["deny"], json!([]), "OPA agrees: allowed");
-    time_n(300, || {
-        drop(http(&mut conn, "POST", "/v1/data/stateward/guardrails", &body).unwrap())
-    });
+    time_n(300, || drop(http(&mut conn, "POST", "/v1/data/stateward/guardrails", &body).unwrap()));
     let rest = percentiles(time_n(n_rest, || {
         let (s, _) = http(&mut conn, "POST", "/v1/data/stateward/guardrails", &body).unwrap();
         assert_eq!(s, 200);
@@ -287,19 +234,10 @@ fn main() {
     drop(opa);
 
     println!();
-    println!(
-        "guardrails decision, one StatefulSet apply action (bundle {})",
-        &engine.digest()[..19]
-    );
-    println!(
-        "{:<44} {:>7} {:>10} {:>10}",
-        "path", "n", "p50 µs", "p99 µs"
-    );
+    println!("guardrails decision, one StatefulSet apply action (bundle {})", &engine.digest()[..19]);
+    println!("{:<44} {:>7} {:>10} {:>10}", "path", "n", "p50 µs", "p99 µs");
     println!("{}", "-".repeat(74));
-    println!(
-        "{:<44} {:>7} {:>10.1} {:>10.1}",
-        "in-process regorus (evaluate)", n_local, local.0, local.1
-    );
+    println!("{:<44} {:>7} {:>10.1} {:>10.1}", "in-process regorus (evaluate)", n_local, local.0, local.1);
     for (label, n, (p50, p99)) in &gate_rows {
         println!("{:<44} {:>7} {:>10.1} {:>10.1}", label, n, p50, p99);
     }

@@ -46,12 +46,7 @@ fn args() -> anyhow::Result<Args> {
     while let Some(arg) = it.next() {
         let mut value = || it.next().with_context(|| format!("{arg} needs a value"));
         match arg.as_str() {
-            "--sizes" => {
-                a.sizes = value()?
-                    .split(',')
-                    .map(|s| s.trim().parse())
-                    .collect::<Result<_, _>>()?
-            }
+            "--sizes" => a.sizes = value()?.split(',').map(|s| s.trim().parse()).collect::<Result<_, _>>()?,
             "--concurrency" => a.concurrency = value()?.parse()?,
             "--steady-secs" => a.steady = Duration::from_secs(value()?.parse()?),
             "--operator" => a.operator = PathBuf::from(value()?),
@@ -75,20 +70,14 @@ fn cluster_up() -> anyhow::Result<PathBuf> {
     let defaults = [
         ("STATEWARD_NODES_PER_ZONE", "4".to_string()),
         ("STATEWARD_PV_SIZES", vec!["1Gi"; 90].join(" ")),
-        (
-            "STATEWARD_KCM_EXTRA_ARGS",
-            "--kube-api-qps=200 --kube-api-burst=400".to_string(),
-        ),
+        ("STATEWARD_KCM_EXTRA_ARGS", "--kube-api-qps=200 --kube-api-burst=400".to_string()),
     ];
     for (var, value) in defaults {
         if std::env::var_os(var).is_none() {
             up.env(var, value);
         }
     }
-    let out = up
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("running tests/cluster/up")?;
+    let out = up.stderr(std::process::Stdio::inherit()).output().context("running tests/cluster/up")?;
     if !out.status.success() {
         bail!("tests/cluster/up failed ({})", out.status);
     }
@@ -142,15 +131,9 @@ fn write_report(args: &Args, reports: &[scale::Report]) -> anyhow::Result<String
             reports.iter().map(|r| r.n).collect::<Vec<_>>()
         ));
     }
-    let base: Vec<(f64, f64)> = reports
-        .iter()
-        .filter_map(|r| Some((r.n as f64, r.baseline_secs?)))
-        .collect();
+    let base: Vec<(f64, f64)> = reports.iter().filter_map(|r| Some((r.n as f64, r.baseline_secs?))).collect();
     if let Some((slope, intercept)) = scale::fit(&base) {
-        text.push_str(&format!(
-            "Baseline time ≈ {intercept:.1} s + {:.1} ms × N.\n",
-            slope * 1000.0
-        ));
+        text.push_str(&format!("Baseline time ≈ {intercept:.1} s + {:.1} ms × N.\n", slope * 1000.0));
     }
     text.push_str(&format!(
         "\nConcurrency {} per kind (loader: {} workers); steady window {} s; 1 replica per resource.\n",

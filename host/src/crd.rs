@@ -6,14 +6,11 @@ use serde_json::{json, Value};
 use crate::runtime::KindInfo;
 
 /// One CRD for a plugin-declared kind: every version with its schema and printer columns,
-/// the status subresource, namespaced scope, and, with more than one version, conversion by
-/// the webhook Service (the plugin's `convert`; the operator injects the caBundle at run time).
-pub fn render(kind: &KindInfo) -> Value {
-    render_with(kind, &crate::webhook::Endpoint::default())
-}
-
-/// [`render`] with the conversion webhook at `endpoint`.
-pub fn render_with(kind: &KindInfo, endpoint: &crate::webhook::Endpoint) -> Value {
+/// the status subresource, namespaced scope, and, with more than one version, `conversion` as
+/// its `spec.conversion`. The caller names the conversion webhook (for deploy/crds:
+/// `webhook::config::crd_conversion(&Endpoint::default(), None)`, the webhook Service; the
+/// operator injects the caBundle at run time), so CRDs know nothing of the webhook server.
+pub fn render(kind: &KindInfo, conversion: &Value) -> Value {
     let versions: Vec<Value> = kind
         .versions
         .iter()
@@ -54,7 +51,7 @@ pub fn render_with(kind: &KindInfo, endpoint: &crate::webhook::Endpoint) -> Valu
         },
     });
     if kind.versions.len() > 1 {
-        crd["spec"]["conversion"] = crate::webhook::config::crd_conversion(endpoint, None);
+        crd["spec"]["conversion"] = conversion.clone();
     }
     crd
 }

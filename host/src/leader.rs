@@ -2,19 +2,22 @@
 //! writes to the cluster.
 //!
 //! The protocol follows client-go's `leaderelection`: a candidate takes the Lease when it is
-//! absent, released (empty holder), expired (`renewTime + leaseDurationSeconds < now`) or
+//! absent, released (empty holder), expired (unchanged for `leaseDurationSeconds` as this replica observed it) or
 //! already its own; every write is a `replace` carrying the `resourceVersion` that was read,
 //! so of two racing candidates the API server lets exactly one win (the other gets 409).
 //! The leader renews every `retry_period`; if no renewal has succeeded for `renew_deadline`
 //! it reports `false` before anyone else may take the Lease (`renew_deadline <
 //! lease_duration`), so two replicas never both believe they lead.
 //!
-//! Clock assumption: expiry compares the Lease's `renewTime` (written by the holder from its
-//! wall clock) against the local wall clock. That is exact when replicas share a clock (one
-//! machine, as in the tests) and otherwise needs clock skew well below
-//! `lease_duration - renew_deadline` (5 s with the defaults), which NTP-synced nodes meet.
-//! The leader's own step-down uses the monotonic clock, measured from before the renewal
-//! request was sent, so it is conservative.
+//! No wall clock is compared across machines (hardening finding 8): like client-go's
+//! `observedTime`, a follower judges another holder's Lease by when *it* saw the Lease last
+//! change (its `resourceVersion`), on its own monotonic clock, and takes it only once
+//! `leaseDurationSeconds` have passed since without a change. A holder whose clock runs behind
+//! (an old `renewTime`) keeps its Lease as long as it renews; one whose clock runs ahead loses
+//! it a lease duration after it stops. The price, as in client-go: a replica that starts next
+//! to a dead holder's Lease waits one lease duration before taking it. The leader's own
+//! step-down uses the monotonic clock too, measured from before the renewal request was sent,
+//! so it is conservative.
 
 use std::future::Future;
 use std::time::Duration;
@@ -45,7 +48,11 @@ pub struct LeaderConfig {
 
 impl LeaderConfig {
     /// A config with the default timing: 15 s lease, 10 s renew deadline, 2 s retry period.
-    pub fn new(namespace: impl Into<String>, lease_name: impl Into<String>, identity: impl Into<String>) -> Self {
+    pub fn new(
+        namespace: impl Into<String>,
+        lease_name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
         LeaderConfig {
             namespace: namespace.into(),
             lease_name: lease_name.into(),
@@ -81,6 +88,16 @@ impl Leadership {
     /// Waits until this replica leads: `true` when it does, `false` if the elector stopped first.
     pub async fn acquired(&mut self) -> bool {
         self.rx.wait_for(|leading| *leading).await.is_ok()
+    }
+}
+
+#[cfg(test)]
+impl Leadership {
+    /// A replica that leads for as long as the returned sender lives, with no Lease behind it:
+    /// for reconcile tests against a mocked API server.
+    pub(crate) fn fixed(leading: bool) -> (Self, watch::Sender<bool>) {
+        let (tx, rx) = watch::channel(leading);
+        (Self { rx }, tx)
     }
 }
 
@@ -134,13 +151,14 @@ async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
     // Monotonic time just before the request of the last successful acquire/renew, while leading.
     let mut held_since: Option<Instant> = None;
+    let mut observed = Observation::default();
     let mut failures: u32 = 0;
     loop {
         let started = Instant::now();
         // A leader's round may not outlive its deadline; a follower's is bounded likewise.
         let deadline = held_since.unwrap_or(started) + cfg.renew_deadline;
         let round = async {
-            match tokio::time::timeout_at(deadline, try_acquire_or_renew(&api, &cfg)).await {
+            match tokio::time::timeout_at(deadline, try_acquire_or_renew(&api, &cfg, &mut observed)).await {
                 Ok(r) => r,
                 Err(_) => Err(RoundError::Timeout),
             }
@@ -194,7 +212,9 @@ async fn run(
     tx.send_replace(false);
     let was_leader = held_since.is_some();
     match tokio::time::timeout(cfg.renew_deadline, release(&api, &cfg)).await {
-        Ok(Ok(true)) => tracing::info!(lease = %cfg.lease_name, identity = %cfg.identity, "released the lease"),
+        Ok(Ok(true)) => {
+            tracing::info!(lease = %cfg.lease_name, identity = %cfg.identity, "released the lease")
+        }
         Ok(Ok(false)) => {}
         Ok(Err(e)) => tracing::warn!(lease = %cfg.lease_name, was_leader, "could not release the lease: {e}"),
         Err(_) => tracing::warn!(lease = %cfg.lease_name, was_leader, "releasing the lease timed out"),
@@ -214,16 +234,33 @@ fn holder(spec: &LeaseSpec) -> &str {
     spec.holder_identity.as_deref().unwrap_or("")
 }
 
-/// Whether the Lease still protects its holder, judged by the local wall clock (see module docs).
-fn is_held(spec: &LeaseSpec) -> bool {
-    let (Some(renewed), Some(secs)) = (spec.renew_time.as_ref(), spec.lease_duration_seconds) else {
-        return false;
-    };
-    let expires = renewed
-        .0
-        .as_millisecond()
-        .saturating_add(i64::from(secs).saturating_mul(1000));
-    !holder(spec).is_empty() && jiff::Timestamp::now().as_millisecond() <= expires
+/// What this replica last saw of the Lease, and when by its own monotonic clock (client-go's
+/// `observedTime`): the only time another holder's Lease is judged by (see module docs).
+#[derive(Debug, Default)]
+struct Observation {
+    /// The Lease's `resourceVersion` when last read: every renewal changes it.
+    version: Option<String>,
+    at: Option<Instant>,
+}
+
+impl Observation {
+    /// Records a read of the Lease; the clock restarts only when the Lease changed.
+    fn saw(&mut self, lease: &Lease) {
+        if self.at.is_none() || self.version != lease.metadata.resource_version {
+            self.version = lease.metadata.resource_version.clone();
+            self.at = Some(Instant::now());
+        }
+    }
+
+    /// Whether the Lease still protects its holder: a holder is named and it has changed within
+    /// its `leaseDurationSeconds`, as this replica observed it.
+    fn is_held(&self, spec: &LeaseSpec) -> bool {
+        let (Some(at), Some(secs)) = (self.at, spec.lease_duration_seconds) else {
+            return false;
+        };
+        let duration = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+        !holder(spec).is_empty() && Instant::now() < at + duration
+    }
 }
 
 /// A 409 means another writer got there first: we lost the race, nothing is wrong.
@@ -232,7 +269,11 @@ fn lost_race(e: &kube::Error) -> bool {
 }
 
 /// One round: `Ok(true)` if we hold the Lease afterwards, `Ok(false)` if someone else does.
-async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaderConfig) -> Result<bool, RoundError> {
+async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    cfg: &LeaderConfig,
+    observed: &mut Observation,
+) -> Result<bool, RoundError> {
     let ours = |transitions, acquired| LeaseSpec {
         holder_identity: Some(cfg.identity.clone()),
         lease_duration_seconds: Some(whole_seconds(cfg.lease_duration)),
@@ -243,10 +284,7 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaderConfig) -> Result<bo
     };
     let Some(mut lease) = api.get_opt(&cfg.lease_name).await? else {
         let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(cfg.lease_name.clone()),
-                ..ObjectMeta::default()
-            },
+            metadata: ObjectMeta { name: Some(cfg.lease_name.clone()), ..ObjectMeta::default() },
             spec: Some(ours(0, now())),
         };
         return match api.create(&PostParams::default(), &lease).await {
@@ -255,9 +293,10 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaderConfig) -> Result<bo
             Err(e) => Err(e.into()),
         };
     };
+    observed.saw(&lease);
     let old = lease.spec.take().unwrap_or_default();
     let mine = holder(&old) == cfg.identity;
-    if !mine && is_held(&old) {
+    if !mine && observed.is_held(&old) {
         return Ok(false);
     }
     let transitions = old.lease_transitions.unwrap_or(0);

@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use crate::runtime::{Action, Plan, Registry, RuntimeError};
+use crate::runtime::{Action, Observed, Plan, Registry, Response, RuntimeError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
@@ -17,7 +17,7 @@ pub enum RenderError {
 /// The plan for one resource, with who made it.
 #[derive(Debug, serde::Serialize)]
 pub struct Rendered {
-    pub plugin: PluginRef,
+    pub plugin: RenderedBy,
     /// The resource at its storage version, as the plugin saw it.
     pub resource: Value,
     pub plan: Plan,
@@ -35,18 +35,16 @@ pub struct PolicyVerdict {
     pub warned: Vec<(String, String)>,
 }
 
+/// The plugin build that made a rendered plan (`plugin` in the output; digest as bare hex).
 #[derive(Debug, serde::Serialize)]
-pub struct PluginRef {
+pub struct RenderedBy {
     pub name: String,
     pub version: String,
     pub digest: String,
 }
 
 fn input_err(what: &str, reason: impl Into<String>) -> RenderError {
-    RenderError::Input {
-        what: what.to_string(),
-        reason: reason.into(),
-    }
+    RenderError::Input { what: what.to_string(), reason: reason.into() }
 }
 
 /// Parses one or more YAML (or JSON) documents, skipping empty ones.
@@ -72,13 +70,33 @@ pub fn render_checked(
     gate: &crate::policy::Gate,
     resource: Value,
     children: &[Value],
+    responses: &[Response],
     now_ms: u64,
 ) -> Result<Rendered, RenderError> {
-    let mut rendered = render(registry, resource, children, now_ms)?;
+    let mut rendered = match render(registry, resource.clone(), children, responses, now_ms) {
+        Ok(rendered) => rendered,
+        Err(RenderError::Runtime(err)) => {
+            // A plan the host refused is audited like a denial, as the operator audits it.
+            let api_version = str_at(&resource, "/apiVersion").unwrap_or_default();
+            let kind = str_at(&resource, "/kind").unwrap_or_default();
+            if let Some(plugin) = registry.for_object(api_version, kind) {
+                crate::guardrails::record_refusal(gate, plugin, &resource, &err);
+            }
+            return Err(RenderError::Runtime(err));
+        }
+        Err(other) => return Err(other),
+    };
     let api_version = str_at(&rendered.resource, "/apiVersion").unwrap_or_default();
     let kind = str_at(&rendered.resource, "/kind").unwrap_or_default();
     if let Some(plugin) = registry.for_object(api_version, kind) {
-        let verdict = crate::plan_gate::check(gate, plugin, &rendered.resource, &rendered.plan.actions);
+        let verdict = crate::guardrails::check(
+            gate,
+            plugin,
+            &rendered.resource,
+            children,
+            &rendered.plan.actions,
+            Some(&rendered.plan.status),
+        );
         rendered.policy = Some(PolicyVerdict {
             allowed: verdict.allowed(),
             denied: verdict.denials(),
@@ -88,53 +106,49 @@ pub fn render_checked(
     Ok(rendered)
 }
 
-/// Converts the resource to its storage version if needed, then asks its plugin for a plan.
+/// Converts the resource to its storage version if needed, then asks its plugin for a plan, as
+/// if `children` were observed and `responses` were the answers to its earlier requests (so a
+/// plan that depends on the live service renders offline).
 pub fn render(
     registry: &Registry,
     mut resource: Value,
     children: &[Value],
+    responses: &[Response],
     now_ms: u64,
 ) -> Result<Rendered, RenderError> {
     let api_version = str_at(&resource, "/apiVersion")
         .ok_or_else(|| input_err("resource", "apiVersion is missing"))?
         .to_string();
-    let kind = str_at(&resource, "/kind")
-        .ok_or_else(|| input_err("resource", "kind is missing"))?
-        .to_string();
+    let kind =
+        str_at(&resource, "/kind").ok_or_else(|| input_err("resource", "kind is missing"))?.to_string();
     if str_at(&resource, "/metadata/name").is_none_or(str::is_empty) {
         return Err(input_err("resource", "metadata.name is missing"));
     }
     let plugin = registry
         .for_object(&api_version, &kind)
-        .ok_or_else(|| RenderError::NoPlugin {
-            api_version: api_version.clone(),
-            kind: kind.clone(),
-        })?;
+        .ok_or_else(|| RenderError::NoPlugin { api_version: api_version.clone(), kind: kind.clone() })?;
     let kind_info = plugin
         .info()
         .kinds
         .iter()
         .find(|k| k.kind == kind)
-        .ok_or_else(|| RenderError::NoPlugin {
-            api_version: api_version.clone(),
-            kind: kind.clone(),
-        })?;
+        .ok_or_else(|| RenderError::NoPlugin { api_version: api_version.clone(), kind: kind.clone() })?;
     if let Some(storage) = kind_info.storage_version() {
         let wanted = format!("{}/{}", kind_info.group, storage.name);
         if api_version != wanted {
             resource = plugin.convert(&resource.to_string(), &wanted)?;
         }
     }
-    let namespace = str_at(&resource, "/metadata/namespace")
-        .unwrap_or("default")
-        .to_string();
+    let namespace = str_at(&resource, "/metadata/namespace").unwrap_or("default").to_string();
     if let Some(meta) = resource.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.insert("namespace".into(), Value::String(namespace.clone()));
     }
-    let children: Vec<String> = children.iter().map(Value::to_string).collect();
-    let plan = plugin.reconcile(&resource.to_string(), &children, now_ms, &namespace)?;
+    let children: Vec<String> = children.iter().map(crate::children::plugin_view).collect();
+    let text = resource.to_string();
+    let observed = Observed { resource: &text, children: &children, now_ms, responses };
+    let plan = plugin.reconcile_observed(&observed, &namespace)?;
     Ok(Rendered {
-        plugin: PluginRef {
+        plugin: RenderedBy {
             name: plugin.name().to_string(),
             version: plugin.version().to_string(),
             digest: plugin.digest().to_string(),
@@ -170,6 +184,28 @@ pub fn to_yaml(rendered: &Rendered) -> Result<String, RenderError> {
                     keys.join(", ")
                 ));
             }
+            Action::LabelPod { pods } => {
+                let keys: Vec<&str> =
+                    pods.labels.iter().chain(&pods.annotations).map(|(k, _)| k.as_str()).collect();
+                notes.push(format!("label-pod {} ({})", pods.pod, keys.join(", ")));
+            }
+            Action::Exec { request } => notes.push(format!(
+                "exec {} in {}/{}: {} ({:?})",
+                request.id,
+                request.what.pod,
+                request.what.container,
+                request.what.command.join(" "),
+                request.mode
+            )),
+            Action::Http { request } => notes.push(format!(
+                "http {} {:?}:{} {} {} ({:?})",
+                request.id,
+                request.what.target,
+                request.what.port,
+                request.what.method,
+                request.what.path,
+                request.mode
+            )),
         }
     }
     out.push_str(&format!(
@@ -177,7 +213,8 @@ pub fn to_yaml(rendered: &Rendered) -> Result<String, RenderError> {
         rendered.plugin.name, rendered.plugin.version, rendered.plugin.digest
     ));
     if let Some(policy) = &rendered.policy {
-        let verdict = if policy.allowed { "allowed" } else { "DENIED: nothing of this plan would be applied" };
+        let verdict =
+            if policy.allowed { "allowed" } else { "DENIED: nothing of this plan would be applied" };
         out.push_str(&format!("# policy: {verdict}\n"));
         for (target, message) in &policy.denied {
             out.push_str(&format!("#   deny {target}: {message}\n"));

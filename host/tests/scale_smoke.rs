@@ -4,23 +4,26 @@
 //! [`MAX_RESOURCE_WRITES`] times; no write at all in a short steady window; the operator's
 //! own write counter agrees; and a change to all 20 specs must converge again. The raw
 //! server-side-apply baseline runs too (its writes must equal the children it applies).
+#![allow(clippy::expect_used)]
 
 mod scale;
 
 use std::time::Duration;
 
-/// Writes to the resource itself and its status per resource on the way to Available.
-const MAX_RESOURCE_WRITES: f64 = 5.0;
+/// Writes to the resource itself and its status per resource on the way to Available: the
+/// finalizer, the statuses the plugins report on the way, and one more since the plugins ask
+/// their running pods (WIT 0.2 polls): the first answers (on kwok, errors: no process runs
+/// there) land in `status.instances`. Measured at N = 20: 5.15 (6.00–6.10 before a reconcile
+/// on a cache behind its own status write stopped writing again, controller/written.rs).
+const MAX_RESOURCE_WRITES: f64 = 6.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_mixed_resources_converge_within_the_write_budget() {
     let cluster = stateward_testkit::cluster().await.expect("local cluster");
-    let bench = scale::Bench::new(
-        cluster.kubeconfig(),
-        std::path::Path::new(env!("CARGO_BIN_EXE_stateward")),
-    )
-    .await
-    .expect("benchmark setup");
+    let bench =
+        scale::Bench::new(cluster.kubeconfig(), std::path::Path::new(env!("CARGO_BIN_EXE_stateward")))
+            .await
+            .expect("benchmark setup");
     let work_dir = std::env::temp_dir().join(stateward_testkit::unique_name("scale-smoke"));
     let opts = scale::Options {
         n: 20,
@@ -33,19 +36,11 @@ async fn twenty_mixed_resources_converge_within_the_write_budget() {
     };
     let started = std::time::Instant::now();
     let report = bench.run(&opts).await.expect("scale run at N = 20");
-    eprintln!(
-        "scale smoke ({:.0?}):\n{}",
-        started.elapsed(),
-        scale::table(std::slice::from_ref(&report))
-    );
+    eprintln!("scale smoke ({:.0?}):\n{}", started.elapsed(), scale::table(std::slice::from_ref(&report)));
     eprintln!("{report:#?}");
 
     assert_eq!(report.available, 20, "not every resource became Available");
-    assert!(
-        report.children_per_cr >= 6.0,
-        "the plans are smaller than expected: {}",
-        report.children_per_cr
-    );
+    assert!(report.children_per_cr >= 6.0, "the plans are smaller than expected: {}", report.children_per_cr);
     // The counter sees the operator: creating children takes at least one write per child.
     assert!(
         report.writes_per_cr >= report.children_per_cr,
@@ -87,10 +82,7 @@ async fn twenty_mixed_resources_converge_within_the_write_budget() {
     );
     assert_eq!(report.steady_writes, 0.0, "writes in the steady window");
     assert_eq!(report.steady_events, 0.0, "Events in the steady window");
-    assert_eq!(
-        report.steady_metric_writes, 0.0,
-        "stateward_api_writes_total moved in the steady window"
-    );
+    assert_eq!(report.steady_metric_writes, 0.0, "stateward_api_writes_total moved in the steady window");
     let baseline_writes = report.baseline_writes_per_cr.expect("baseline ran");
     assert!(
         (baseline_writes - report.children_per_cr).abs() < 1e-9,
@@ -98,10 +90,7 @@ async fn twenty_mixed_resources_converge_within_the_write_budget() {
         report.children_per_cr
     );
     assert!(report.storm_secs.is_some(), "the change storm did not converge");
-    assert!(
-        report.p99_ms >= report.p50_ms && report.p50_ms > 0.0,
-        "no reconcile histogram: {report:?}"
-    );
+    assert!(report.p99_ms >= report.p50_ms && report.p50_ms > 0.0, "no reconcile histogram: {report:?}");
     assert!(report.peak_rss_mib > 0.0 && report.cpu_total_secs > 0.0);
     let _ = std::fs::remove_dir_all(&work_dir);
 }

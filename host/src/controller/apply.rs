@@ -13,9 +13,9 @@ use rand::RngExt;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::children::INSTANCE_LABEL;
 use super::Error;
-use crate::runtime::{ObjectRef, SecretRequest};
+use crate::children::INSTANCE_LABEL;
+use crate::runtime::{ObjectRef, PodLabels, SecretRequest};
 
 /// Field manager of every write the operator makes.
 pub const FIELD_MANAGER: &str = "stateward";
@@ -30,10 +30,7 @@ pub struct Applier {
 
 impl Applier {
     pub fn new(client: Client) -> Self {
-        Self {
-            client,
-            resources: Mutex::new(BTreeMap::new()),
-        }
+        Self { client, resources: Mutex::new(BTreeMap::new()) }
     }
 
     async fn resource(&self, api_version: &str, kind: &str) -> Result<ApiResource, Error> {
@@ -78,7 +75,8 @@ impl Applier {
             object["metadata"]["ownerReferences"] = json!([owner_reference(owner)]);
         }
         let hash = hex::encode(Sha256::digest(object.to_string().as_bytes()));
-        if observed.and_then(|o| o.pointer(&format!("/metadata/annotations/{}", APPLIED_HASH.replace('/', "~1"))))
+        if observed
+            .and_then(|o| o.pointer(&format!("/metadata/annotations/{}", APPLIED_HASH.replace('/', "~1"))))
             == Some(&Value::String(hash.clone()))
         {
             return Ok(false);
@@ -119,20 +117,19 @@ impl Applier {
 
     /// Creates the Secret with random values if it does not exist; adds missing keys to an
     /// existing one; never changes a value that is there. Returns whether a write was made.
+    /// A certificate request is created controlled by `owner` (the custom resource): the
+    /// certificate keeper fills only Secrets so made (controller/service_certs.rs). Other
+    /// Secrets (credentials) carry no owner reference, so `retentionPolicy: Retain` keeps them.
     pub async fn ensure_secret(
         &self,
         request: &SecretRequest,
         namespace: &str,
         existing: Option<&Secret>,
+        owner: &Value,
     ) -> Result<bool, Error> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-        let have = existing.and_then(|s| s.data.as_ref());
-        let missing: BTreeMap<String, ByteString> = request
-            .keys
-            .iter()
-            .filter(|(key, _)| !have.is_some_and(|d| d.contains_key(key)))
-            .map(|(key, bytes)| (key.clone(), ByteString(random_value(*bytes))))
-            .collect();
+        let missing = secret_writes(request, existing.and_then(|s| s.data.as_ref()), namespace)
+            .map_err(|reason| Error::Resource(request.name.clone(), reason))?;
         if missing.is_empty() {
             return Ok(false);
         }
@@ -145,11 +142,19 @@ impl Applier {
         }
         let mut labels: BTreeMap<String, String> = request.labels.iter().cloned().collect();
         labels.entry(INSTANCE_LABEL.to_string()).or_default();
+        let owner_references = if super::service_certs::is_certificate_request(&request.labels) {
+            let reference = serde_json::from_value(owner_reference(owner))
+                .map_err(|e| Error::api("create", "Secret", &request.name, kube::Error::SerdeError(e)))?;
+            Some(vec![reference])
+        } else {
+            None
+        };
         let secret = Secret {
             metadata: kube::core::ObjectMeta {
                 name: Some(request.name.clone()),
                 namespace: Some(namespace.to_string()),
                 labels: Some(labels),
+                owner_references,
                 ..Default::default()
             },
             data: Some(missing),
@@ -163,15 +168,113 @@ impl Applier {
             Err(e) => Err(Error::api("create", "Secret", &request.name, e)),
         }
     }
+
+    /// Sets (or removes, for `None`) labels and annotations of a Pod of the instance with a
+    /// merge patch that touches nothing else; its controller stays its owner. Returns whether
+    /// a write was made.
+    pub async fn label_pod(
+        &self,
+        request: &PodLabels,
+        namespace: &str,
+        current: Option<&Value>,
+    ) -> Result<bool, Error> {
+        let Some(current) = current else {
+            return Err(Error::Resource(
+                request.pod.clone(),
+                "label-pod: not a pod of this instance (gone, or the plugin does not own v1 Pod)".into(),
+            ));
+        };
+        let changes = |pairs: &[(String, Option<String>)], field: &str| {
+            pairs
+                .iter()
+                .filter(|(k, v)| {
+                    current
+                        .pointer(&format!("/metadata/{field}"))
+                        .and_then(|m| m.get(k))
+                        .and_then(Value::as_str)
+                        != v.as_deref()
+                })
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect::<serde_json::Map<_, _>>()
+        };
+        let (labels, annotations) =
+            (changes(&request.labels, "labels"), changes(&request.annotations, "annotations"));
+        if labels.is_empty() && annotations.is_empty() {
+            return Ok(false);
+        }
+        let patch = json!({ "metadata": { "labels": labels, "annotations": annotations } });
+        let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(self.client.clone(), namespace);
+        match api.patch(&request.pod, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => Ok(true),
+            // Deleted since it was observed: there is nothing left to label (its replacement
+            // starts without the labels, and the next reconcile sees it).
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+            Err(e) => Err(Error::api("patch", "Pod", &request.pod, e)),
+        }
+    }
+}
+
+/// The keys `request` has to write into a Secret holding `have`: random values for its
+/// missing random keys, and each derived key whose template, filled from the values the Secret
+/// will hold, differs from what is there (a key it uses changed). Derived keys are filled in
+/// the order given, so a template may use a derived key before it (a URI from a derived user
+/// name). The error says which derived key cannot be filled, and why.
+fn secret_writes(
+    request: &SecretRequest,
+    have: Option<&BTreeMap<String, ByteString>>,
+    namespace: &str,
+) -> Result<BTreeMap<String, ByteString>, String> {
+    let mut missing: BTreeMap<String, ByteString> = request
+        .keys
+        .iter()
+        .filter(|(key, _)| !have.is_some_and(|d| d.contains_key(key)))
+        .map(|(key, bytes)| (key.clone(), ByteString(random_value(*bytes))))
+        .collect();
+    let mut values: BTreeMap<String, ByteString> = have.cloned().unwrap_or_default();
+    values.extend(missing.clone());
+    for (key, template) in &request.derived {
+        let value = fill_template(template, &values, namespace)
+            .map_err(|reason| format!("derived key {key}: {reason}"))?;
+        let value = ByteString(value.into_bytes());
+        if values.get(key) != Some(&value) {
+            missing.insert(key.clone(), value.clone());
+        }
+        values.insert(key.clone(), value);
+    }
+    Ok(missing)
+}
+
+/// Fills `{key}` with that key's value and `{namespace}` with the namespace.
+fn fill_template(
+    template: &str,
+    values: &BTreeMap<String, ByteString>,
+    namespace: &str,
+) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let close = rest[open..].find('}').ok_or("an unclosed '{'")? + open;
+        let name = &rest[open + 1..close];
+        let value = match name {
+            "namespace" => namespace.to_string(),
+            key => values
+                .get(key)
+                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                .ok_or_else(|| format!("the Secret has no key {key}"))?,
+        };
+        out.push_str(&value);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 /// Printable random characters; `bytes` of entropy is the plugin's request.
 fn random_value(bytes: u32) -> Vec<u8> {
     const ALPHABET: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789";
     let mut rng = rand::rng();
-    (0..bytes.clamp(8, 1024))
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())])
-        .collect()
+    (0..bytes.clamp(8, 1024)).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())]).collect()
 }
 
 /// Why an existing object of a child's name is not the resource's to take, or `None` when it
@@ -180,14 +283,27 @@ fn random_value(bytes: u32) -> Vec<u8> {
 /// resource's instance label).
 fn not_ours(meta: &kube::core::ObjectMeta, owner: &Value) -> Option<String> {
     let field = |p: &str| owner.pointer(p).and_then(Value::as_str).unwrap_or_default();
-    let group = |api_version: &str| api_version.rsplit_once('/').map(|(g, _)| g.to_string()).unwrap_or_default();
+    let group =
+        |api_version: &str| api_version.rsplit_once('/').map(|(g, _)| g.to_string()).unwrap_or_default();
     let controller = meta.owner_references.iter().flatten().find(|r| r.controller == Some(true));
     match controller {
         Some(r) if r.uid == field("/metadata/uid") => None,
-        Some(r) if r.kind == field("/kind") && r.name == field("/metadata/name") && group(&r.api_version) == group(field("/apiVersion")) => None,
+        Some(r)
+            if r.kind == field("/kind")
+                && r.name == field("/metadata/name")
+                && group(&r.api_version) == group(field("/apiVersion")) =>
+        {
+            None
+        }
         Some(r) => Some(format!("is controlled by {} {}", r.kind, r.name)),
-        None if meta.labels.as_ref().and_then(|l| l.get(INSTANCE_LABEL)).map(String::as_str) == Some(field("/metadata/name")) => None,
-        None => Some(format!("was not created by stateward for {} {}", field("/kind"), field("/metadata/name"))),
+        None if meta.labels.as_ref().and_then(|l| l.get(INSTANCE_LABEL)).map(String::as_str)
+            == Some(field("/metadata/name")) =>
+        {
+            None
+        }
+        None => {
+            Some(format!("was not created by stateward for {} {}", field("/kind"), field("/metadata/name")))
+        }
     }
 }
 
@@ -204,9 +320,51 @@ pub fn owner_reference(owner: &Value) -> Value {
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used)]
 mod tests {
-    use super::not_ours;
+    use super::{not_ours, secret_writes};
+    use crate::runtime::SecretRequest;
+    use k8s_openapi::ByteString;
     use serde_json::json;
+    use std::collections::BTreeMap;
+
+    fn text(map: &BTreeMap<String, ByteString>, key: &str) -> String {
+        String::from_utf8_lossy(&map[key].0).into_owned()
+    }
+
+    /// A URI key filled by the host from the Secret's own keys, one of them derived itself: on
+    /// creation (nothing there yet), once everything is there (nothing to write), and after the
+    /// password changed (only the URI is rewritten).
+    #[test]
+    fn derived_keys_are_filled_from_the_secrets_keys_and_earlier_derived_ones() {
+        let request = SecretRequest {
+            name: "app".into(),
+            keys: vec![("password".into(), 24)],
+            labels: vec![],
+            derived: vec![
+                ("username".into(), "app".into()),
+                ("uri".into(), "postgresql://{username}:{password}@db.{namespace}.svc:5432/app".into()),
+            ],
+        };
+        let first = secret_writes(&request, None, "ns").expect("filled");
+        let password = text(&first, "password");
+        assert_eq!(password.len(), 24);
+        assert_eq!(text(&first, "username"), "app");
+        assert_eq!(text(&first, "uri"), format!("postgresql://app:{password}@db.ns.svc:5432/app"));
+
+        let again = secret_writes(&request, Some(&first), "ns").expect("filled");
+        assert!(again.is_empty(), "nothing changed: {:?}", again.keys().collect::<Vec<_>>());
+
+        let mut rotated = first.clone();
+        rotated.insert("password".into(), ByteString(b"new-password".to_vec()));
+        let writes = secret_writes(&request, Some(&rotated), "ns").expect("filled");
+        assert_eq!(writes.keys().collect::<Vec<_>>(), ["uri"]);
+        assert_eq!(text(&writes, "uri"), "postgresql://app:new-password@db.ns.svc:5432/app");
+
+        let unknown = SecretRequest { derived: vec![("uri".into(), "{nope}".into())], ..request };
+        let err = secret_writes(&unknown, None, "ns").map(|_| ()).expect_err("an unknown key");
+        assert_eq!(err, "derived key uri: the Secret has no key nope");
+    }
 
     fn meta(value: serde_json::Value) -> kube::core::ObjectMeta {
         serde_json::from_value(value).unwrap_or_default()
@@ -216,15 +374,30 @@ mod tests {
     fn only_this_resource_or_its_earlier_self_may_take_an_object() {
         let owner = json!({"apiVersion": "stateward.dev/v1", "kind": "RedisCluster", "metadata": {"name": "cache", "uid": "u2"}});
         let controlled = |kind: &str, name: &str, uid: &str| {
-            meta(json!({"name": "cache", "ownerReferences": [{"apiVersion": "stateward.dev/v1", "kind": kind, "name": name, "uid": uid, "controller": true}]}))
+            meta(
+                json!({"name": "cache", "ownerReferences": [{"apiVersion": "stateward.dev/v1", "kind": kind, "name": name, "uid": uid, "controller": true}]}),
+            )
         };
         assert_eq!(not_ours(&controlled("RedisCluster", "cache", "u2"), &owner), None);
-        assert_eq!(not_ours(&controlled("RedisCluster", "cache", "u1"), &owner), None, "an earlier RedisCluster cache");
-        assert_eq!(not_ours(&controlled("PostgresCluster", "cache", "u3"), &owner).as_deref(), Some("is controlled by PostgresCluster cache"));
-        assert_eq!(not_ours(&controlled("RedisCluster", "other", "u4"), &owner).as_deref(), Some("is controlled by RedisCluster other"));
+        assert_eq!(
+            not_ours(&controlled("RedisCluster", "cache", "u1"), &owner),
+            None,
+            "an earlier RedisCluster cache"
+        );
+        assert_eq!(
+            not_ours(&controlled("PostgresCluster", "cache", "u3"), &owner).as_deref(),
+            Some("is controlled by PostgresCluster cache")
+        );
+        assert_eq!(
+            not_ours(&controlled("RedisCluster", "other", "u4"), &owner).as_deref(),
+            Some("is controlled by RedisCluster other")
+        );
         let orphan = meta(json!({"name": "cache", "labels": {"stateward.dev/instance": "cache"}}));
         assert_eq!(not_ours(&orphan, &owner), None, "orphaned by an earlier resource of this name");
         let users = meta(json!({"name": "cache", "labels": {"app": "web"}}));
-        assert_eq!(not_ours(&users, &owner).as_deref(), Some("was not created by stateward for RedisCluster cache"));
+        assert_eq!(
+            not_ours(&users, &owner).as_deref(),
+            Some("was not created by stateward for RedisCluster cache")
+        );
     }
 }

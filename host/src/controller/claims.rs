@@ -101,7 +101,10 @@ mod tests {
     use kube::core::ObjectMeta;
 
     fn cr(uid: &str, created_s: i64, finalized: bool) -> DynamicObject {
-        let mut o = DynamicObject::new("db", &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()));
+        let mut o = DynamicObject::new(
+            "db",
+            &kube::core::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+        );
         o.metadata = ObjectMeta {
             name: Some("db".into()),
             namespace: Some("ns".into()),
@@ -122,8 +125,18 @@ mod tests {
             (cr("z", 300, true), cr("a", 100, false)),
         ];
         for (first, second) in &cases {
-            assert!(holds_before(first, second), "{:?} should hold over {:?}", first.metadata, second.metadata);
-            assert!(!holds_before(second, first), "{:?} should not hold over {:?}", second.metadata, first.metadata);
+            assert!(
+                holds_before(first, second),
+                "{:?} should hold over {:?}",
+                first.metadata,
+                second.metadata
+            );
+            assert!(
+                !holds_before(second, first),
+                "{:?} should not hold over {:?}",
+                second.metadata,
+                first.metadata
+            );
         }
         assert!(!holds_before(&cases[0].0, &cases[0].0), "a resource never conflicts with itself");
     }

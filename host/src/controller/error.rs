@@ -26,6 +26,9 @@ pub enum Error {
     ObjectConflict { kind: String, name: String, why: String },
     #[error("the {0} cache has not listed yet (is its CRD installed, and may the operator list it?): cannot tell whether this name is taken")]
     CacheNotReady(String),
+    /// The reconcile panicked; caught at the reconcile boundary (controller::panics).
+    #[error("reconcile panicked: {0}")]
+    Panicked(String),
 }
 
 impl Error {
@@ -39,12 +42,14 @@ impl Error {
             Self::NameConflict(_) => "name_conflict",
             Self::CacheNotReady(_) => "cache_not_ready",
             Self::ObjectConflict { .. } => "object_conflict",
+            Self::Panicked(_) => "panicked",
         }
     }
 
     /// The condition reason shown on the resource (Degraded).
     pub fn reason(&self) -> &'static str {
         match self {
+            Self::Plugin(RuntimeError::RequestsRefused { .. }) => "RequestsRefused",
             Self::Plugin(_) => "PluginFailed",
             Self::PolicyDenied(_) => "PolicyDenied",
             Self::Api { .. } => "ApiError",
@@ -53,6 +58,7 @@ impl Error {
             Self::NameConflict(_) => "NameConflict",
             Self::CacheNotReady(_) => "CacheNotReady",
             Self::ObjectConflict { .. } => "ObjectConflict",
+            Self::Panicked(_) => "ReconcilePanicked",
         }
     }
 
@@ -63,18 +69,15 @@ impl Error {
     pub fn needs_the_user(&self) -> bool {
         match self {
             Self::ObjectConflict { .. } => true,
-            Self::Api { source: kube::Error::Api(status), .. } => matches!(status.code, 400 | 403 | 404 | 422),
+            Self::Api { source: kube::Error::Api(status), .. } => {
+                matches!(status.code, 400 | 403 | 404 | 422)
+            }
             _ => false,
         }
     }
 
     pub fn api(verb: &'static str, kind: &str, name: &str, source: kube::Error) -> Self {
-        Self::Api {
-            verb,
-            kind: kind.to_string(),
-            name: name.to_string(),
-            source,
-        }
+        Self::Api { verb, kind: kind.to_string(), name: name.to_string(), source }
     }
 }
 
@@ -82,7 +85,9 @@ impl Error {
 /// of the client's debug dump of the whole Status; what people read in conditions and Events.
 fn api_message(err: &kube::Error) -> String {
     match err {
-        kube::Error::Api(status) if status.reason.is_empty() => format!("{} ({})", status.message, status.code),
+        kube::Error::Api(status) if status.reason.is_empty() => {
+            format!("{} ({})", status.message, status.code)
+        }
         kube::Error::Api(status) => format!("{} ({} {})", status.message, status.code, status.reason),
         other => other.to_string(),
     }

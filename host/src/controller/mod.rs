@@ -1,18 +1,23 @@
 //! The generic controller: one kube-rs Controller per plugin-declared kind, all sharing the
 //! child caches, the sandbox, the policy gate and the metrics. The host knows nothing about
-//! any one service; everything service-specific comes from the plugin.
+//! any one service; everything service-specific comes from the plugin. [`Controllers::run`]
+//! starts the controllers only; the process around them (HTTP port, leader election, reloader,
+//! caches, webhooks) is wired by [`crate::operator`].
 
 mod apply;
 mod backoff;
-mod children;
 mod claims;
+mod dispatch;
 mod error;
-pub(crate) mod events;
+pub mod panics;
 mod reconcile;
+pub mod service_certs;
 mod status;
 pub mod sweep;
+#[cfg(test)]
+mod tests;
+mod written;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,33 +27,32 @@ use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig, C
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use tokio::sync::watch;
 
-pub use apply::{APPLIED_HASH, FIELD_MANAGER};
-pub use children::INSTANCE_LABEL;
+pub use crate::children::{Children, INSTANCE_LABEL};
+pub use apply::{Applier, APPLIED_HASH, FIELD_MANAGER};
 pub use error::Error;
+pub use service_certs::{CertificateKeeper, KeeperSettings};
 
-use crate::leader::{self, LeaderConfig, Leadership};
-use crate::policy::{Bundle, LiveGate};
-use crate::reload::{Reloader, Swap};
+use crate::leader::Leadership;
+use crate::policy::LiveGate;
+use crate::reload::Swap;
+use crate::requests::Requests;
 use crate::runtime::{LiveRegistry, Plugin, Registry, Sandbox};
-use crate::telemetry::{DebugState, Metrics};
+use crate::telemetry::{events, DebugState, Metrics};
 
 /// The finalizer that guards every managed resource until its plugin says cleanup is done.
 pub const FINALIZER: &str = "stateward.dev/cleanup";
 
-/// How `stateward run` was asked to behave.
-pub struct Settings {
+/// How the controllers behave.
+pub struct ControllerSettings {
     /// Watch only this namespace (needs only a namespaced Role); all namespaces when `None`.
     pub namespace: Option<String>,
-    pub http_addr: SocketAddr,
-    pub leader: LeaderConfig,
+    /// This replica's identity (the reporting instance of its Events).
+    pub identity: String,
     /// Reconciles running at once per kind.
     pub concurrency: u16,
     /// How often the audit sweep re-evaluates every resource against the admission policy.
     pub sweep_interval: Duration,
-    /// The bundle that serves when no policy ConfigMap exists (hot reload falls back to it).
-    pub shipped_bundle: Bundle,
 }
 
 /// A kind served by a plugin: how to reach it in the API and which plugin serves it now.
@@ -64,7 +68,7 @@ pub struct KindBinding {
 pub struct Context {
     pub client: Client,
     pub kind: Arc<KindBinding>,
-    children: children::Children,
+    children: Children,
     sandbox: Arc<Sandbox>,
     registry: Arc<LiveRegistry>,
     gate: Arc<LiveGate>,
@@ -75,6 +79,9 @@ pub struct Context {
     applier: Arc<apply::Applier>,
     backoff: backoff::Backoff,
     leadership: Leadership,
+    requests: Arc<Requests>,
+    /// The status last written to each resource, until the cache has it.
+    written: written::Written,
 }
 
 impl Context {
@@ -88,173 +95,104 @@ impl Context {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("HTTP server on {addr}: {source}")]
-    Http { addr: SocketAddr, source: std::io::Error },
-    #[error("child caches never synced: {0}")]
-    Sync(String),
     #[error("plugin {plugin} declares kind {kind} without a storage version")]
     NoStorageVersion { plugin: String, kind: String },
 }
 
-/// Runs until SIGTERM/SIGINT; losing leadership stops the controllers until it is won back.
-pub async fn run(
-    client: Client,
-    sandbox: Arc<Sandbox>,
-    registry: Arc<LiveRegistry>,
-    gate: Arc<LiveGate>,
-    settings: Settings,
-) -> Result<(), RunError> {
-    let metrics = Metrics::new();
-    let debug = DebugState::default();
-    debug.set_policy(gate.current().engine().digest());
-    metrics.policy_bundle_loaded(gate.current().engine().digest());
-    for p in registry.snapshot().plugins() {
-        metrics.plugin_loaded(p.name(), p.version(), p.digest());
-    }
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        tracing::info!("shutdown requested");
-        let _ = stop_tx.send(true);
-    });
-
-    let listener = tokio::net::TcpListener::bind(settings.http_addr)
-        .await
-        .map_err(|source| RunError::Http { addr: settings.http_addr, source })?;
-    tokio::spawn(crate::telemetry::http::serve_listener(listener, metrics.clone(), debug.clone(), stopped()));
-
-    let (mut leadership, leader_task) = leader::spawn(client.clone(), settings.leader.clone(), stopped());
-    let (swaps, _) = tokio::sync::broadcast::channel(64);
-    let reloader = Reloader {
-        client: client.clone(),
-        namespace: settings.leader.namespace.clone(),
-        sandbox: Arc::clone(&sandbox),
-        registry: Arc::clone(&registry),
-        gate: Arc::clone(&gate),
-        shipped_bundle: settings.shipped_bundle.clone(),
-        metrics: metrics.clone(),
-        debug: debug.clone(),
-        leadership: leadership.clone(),
-        events: Arc::new(events::Publisher::new(client.clone(), &settings.leader.identity)),
-        swaps: swaps.clone(),
-    };
-    let mut reloaded = reloader.spawn();
-
-    // Caches are reads: every replica keeps them warm so a takeover starts at once.
-    let children = children::Children::start(&client, settings.namespace.as_deref());
-    tokio::select! {
-        synced = children.wait_until_synced() => synced.map_err(|e| RunError::Sync(e.to_string()))?,
-        _ = stopped() => return Ok(()),
-    }
-    for watch in ["statefulsets", "services", "configmaps", "secrets", "poddisruptionbudgets", "persistentvolumeclaims"] {
-        debug.set_watch(watch, true);
-    }
-    // Controllers start on the plugins and policy the ConfigMaps ask for, not the built-ins.
-    tokio::select! {
-        _ = reloaded.wait_for(|s| *s) => {}
-        _ = stopped() => return Ok(()),
-    }
-    debug.set_watch("reload-configmaps", true);
-    debug.set_ready(true);
-
-    let applier = Arc::new(apply::Applier::new(client.clone()));
-    let shared = Shared { client, children, sandbox, registry, gate, metrics, applier, leadership: leadership.clone(), swaps };
-    // Lead while we hold the Lease; when it is lost (e.g. the API server was unreachable past
-    // the renew deadline) stop every controller before campaigning again, so that there is
-    // never a moment with two writers, and never exit for it. A plugin that brings new kinds
-    // restarts the controllers so the new kinds get theirs.
-    let mut leading = false;
-    loop {
-        if !leading {
-            tracing::info!(identity = %settings.leader.identity, "waiting for leadership");
-            tokio::select! {
-                _ = leadership.acquired() => {}
-                _ = stopped() => break,
-            }
-            debug.set_leader(true);
-            tracing::info!("became leader");
-        }
-        let tasks = start_controllers(&shared, &settings, &debug, &stopped)?;
-        let lost = async {
-            loop {
-                match leadership.changed().await {
-                    Some(false) | None => return,
-                    Some(true) => {}
-                }
-            }
-        };
-        let mut swaps = shared.swaps.subscribe();
-        let new_kinds = async move {
-            loop {
-                match swaps.recv().await {
-                    Ok(Swap::Plugin { new_kinds: true, .. }) => return,
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => std::future::pending::<()>().await,
-                }
-            }
-        };
-        enum Next { Stop, Lost, Restart }
-        let next = tokio::select! {
-            _ = stopped() => Next::Stop,
-            _ = lost => Next::Lost,
-            _ = new_kinds => Next::Restart,
-        };
-        for task in &tasks {
-            task.abort();
-        }
-        for task in tasks {
-            let _ = task.await;
-        }
-        match next {
-            Next::Stop => break,
-            Next::Restart => {
-                tracing::info!("a plugin brought new kinds; restarting the controllers");
-                leading = true;
-            }
-            Next::Lost => {
-                debug.set_leader(false);
-                leading = false;
-                tracing::warn!("lost leadership; controllers stopped, campaigning again");
-            }
-        }
-    }
-    debug.set_leader(false);
-    debug.set_ready(false);
-    let _ = tokio::time::timeout(Duration::from_secs(5), leader_task).await;
-    Ok(())
+/// What every kind's controller shares; built once by the composition root
+/// ([`crate::operator`]), which runs them while this replica leads.
+pub struct Controllers {
+    pub client: Client,
+    /// The child caches, started and synced by the caller.
+    pub children: Children,
+    pub sandbox: Arc<Sandbox>,
+    pub registry: Arc<LiveRegistry>,
+    pub gate: Arc<LiveGate>,
+    pub metrics: Metrics,
+    /// Every kind's writes (it caches API discovery for the life of the process).
+    pub applier: Arc<Applier>,
+    /// Checked again by every reconcile before it writes.
+    pub leadership: Leadership,
+    /// Requests to the running services (plans' `exec` and `http`).
+    pub requests: Arc<Requests>,
+    /// Plugin and policy swaps from the reloader.
+    pub swaps: tokio::sync::broadcast::Sender<Swap>,
+    pub debug: DebugState,
+    /// The certificate keeper's CA and lifetimes; `None` when the webhooks (and so their CA)
+    /// are off.
+    pub keeper: Option<KeeperSettings>,
+    pub settings: ControllerSettings,
 }
 
-/// What every kind's controller shares.
-struct Shared {
-    client: Client,
-    children: children::Children,
-    sandbox: Arc<Sandbox>,
-    registry: Arc<LiveRegistry>,
-    gate: Arc<LiveGate>,
-    metrics: Metrics,
-    applier: Arc<apply::Applier>,
-    leadership: Leadership,
-    swaps: tokio::sync::broadcast::Sender<Swap>,
+impl Controllers {
+    /// Runs one controller per plugin-declared kind, and the certificate keeper, until `until`
+    /// resolves, then stops them all and returns its output. A plugin that brings new kinds restarts the controllers so
+    /// the new kinds get theirs. `stopped` makes the futures a controller shuts down
+    /// gracefully on.
+    pub async fn run<S, F, T>(
+        &self,
+        stopped: &S,
+        until: impl std::future::Future<Output = T>,
+    ) -> Result<T, RunError>
+    where
+        S: Fn() -> F,
+        F: std::future::Future<Output = ()> + Send + Sync + 'static,
+    {
+        let mut until = std::pin::pin!(until);
+        loop {
+            // Every kind a plugin owns is cached before its controller starts (a plugin whose
+            // kinds cannot be was refused at load; the built-in ones were checked at start).
+            let owned = self
+                .registry
+                .snapshot()
+                .plugins()
+                .iter()
+                .flat_map(|p| crate::reload::owned_kinds(p))
+                .collect::<Vec<_>>();
+            if let Err(e) = self.children.ensure(owned).await {
+                tracing::error!(error = %e, "a child kind cannot be cached; plans that touch it fail");
+            }
+            let tasks = start_controllers(self, stopped)?;
+            let mut swaps = self.swaps.subscribe();
+            let new_kinds = async move {
+                loop {
+                    match swaps.recv().await {
+                        Ok(Swap::Plugin { new_kinds: true, .. }) => return,
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                            std::future::pending::<()>().await
+                        }
+                    }
+                }
+            };
+            let done = tokio::select! {
+                done = &mut until => Some(done),
+                _ = new_kinds => None,
+            };
+            for task in &tasks {
+                task.abort();
+            }
+            for task in tasks {
+                let _ = task.await;
+            }
+            match done {
+                Some(done) => return Ok(done),
+                None => tracing::info!("a plugin brought new kinds; restarting the controllers"),
+            }
+        }
+    }
 }
 
 /// Starts one controller per plugin-declared kind.
 fn start_controllers<S, F>(
-    shared: &Shared,
-    settings: &Settings,
-    debug: &DebugState,
+    shared: &Controllers,
     stopped: &S,
 ) -> Result<Vec<tokio::task::JoinHandle<()>>, RunError>
 where
     S: Fn() -> F,
     F: std::future::Future<Output = ()> + Send + Sync + 'static,
 {
+    let (settings, debug) = (&shared.settings, &shared.debug);
     let registry: Registry = shared.registry.snapshot();
     let claims = claims::NameClaims::default();
     let mut built = Vec::new();
@@ -280,12 +218,14 @@ where
                 registry: Arc::clone(&shared.registry),
                 gate: Arc::clone(&shared.gate),
                 metrics: shared.metrics.clone(),
-                events: events::Events::new(shared.client.clone(), &settings.leader.identity, api_resource.clone()),
+                events: events::Events::new(shared.client.clone(), &settings.identity, api_resource.clone()),
                 findings: sweep::Findings::default(),
                 claims: claims.clone(),
                 applier: Arc::clone(&shared.applier),
                 backoff: backoff::Backoff::default(),
                 leadership: shared.leadership.clone(),
+                requests: Arc::clone(&shared.requests),
+                written: written::Written::default(),
             });
             debug.set_watch(&kind.plural, true);
             let api: Api<DynamicObject> = match &settings.namespace {
@@ -294,21 +234,40 @@ where
             };
             let watching = Controller::new_with(api, watcher::Config::default(), api_resource.clone());
             claims.add(&kind.kind, api_resource, watching.store());
-            let triggers = Triggers::new(&shared.swaps, &kind.group, &kind.kind);
+            let triggers = SwapTriggers::new(&shared.swaps, &kind.group, &kind.kind);
             built.push((ctx, watching, triggers));
         }
     }
+    // The certificate keeper writes too: it runs with the controllers, only while leading, and
+    // issues only for Secrets controlled by a resource of a kind they serve.
+    let served = registry
+        .plugins()
+        .iter()
+        .flat_map(|p| p.info().kinds.iter().map(|k| (k.group.clone(), k.kind.clone())))
+        .collect();
+    let keeper = shared.keeper.clone().map(|settings| {
+        let keeper = CertificateKeeper {
+            client: shared.client.clone(),
+            children: shared.children.clone(),
+            settings,
+            served,
+        };
+        tokio::spawn(keeper.run())
+    });
     // Every kind's cache is in the claims before the first reconcile asks who holds a name.
-    Ok(built
+    Ok(keeper
         .into_iter()
-        .map(|(ctx, watching, triggers)| {
-            tokio::spawn(controller(ctx, watching, settings.concurrency, settings.sweep_interval, triggers, stopped()))
-        })
+        .chain(built.into_iter().map(|(ctx, watching, triggers)| {
+            let kind = ctx.kind.kind.clone();
+            let running =
+                controller(ctx, watching, settings.concurrency, settings.sweep_interval, triggers, stopped());
+            panics::supervise(debug, &kind, running)
+        }))
         .collect())
 }
 
 /// Reasons to look at every resource of a kind again, from outside its watches.
-struct Triggers {
+struct SwapTriggers {
     /// A new plugin build for this kind: requeue every resource once.
     plugin_swapped: futures::stream::BoxStream<'static, ()>,
     /// A new policy bundle: sweep, and requeue everything once (the guardrails changed).
@@ -316,7 +275,7 @@ struct Triggers {
     policy_swapped_for_sweep: futures::stream::BoxStream<'static, ()>,
 }
 
-impl Triggers {
+impl SwapTriggers {
     fn new(swaps: &tokio::sync::broadcast::Sender<Swap>, group: &str, kind: &str) -> Self {
         let key = (group.to_string(), kind.to_string());
         let stream = |filter: Box<dyn Fn(&Swap) -> bool + Send + Sync>| {
@@ -325,16 +284,21 @@ impl Triggers {
                     match rx.recv().await {
                         Ok(swap) if filter(&swap) => return Some(((), (rx, filter))),
                         Ok(_) => {}
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Some(((), (rx, filter))),
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            return Some(((), (rx, filter)))
+                        }
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
                     }
                 }
             })
             .boxed()
         };
-        let is_policy = || Box::new(|s: &Swap| matches!(s, Swap::Policy)) as Box<dyn Fn(&Swap) -> bool + Send + Sync>;
+        let is_policy =
+            || Box::new(|s: &Swap| matches!(s, Swap::Policy)) as Box<dyn Fn(&Swap) -> bool + Send + Sync>;
         Self {
-            plugin_swapped: stream(Box::new(move |s| matches!(s, Swap::Plugin { kinds, .. } if kinds.contains(&key)))),
+            plugin_swapped: stream(Box::new(
+                move |s| matches!(s, Swap::Plugin { kinds, .. } if kinds.contains(&key)),
+            )),
             policy_swapped: stream(is_policy()),
             policy_swapped_for_sweep: stream(is_policy()),
         }
@@ -348,48 +312,65 @@ async fn controller(
     controller: Controller<DynamicObject>,
     concurrency: u16,
     sweep_interval: Duration,
-    triggers: Triggers,
+    triggers: SwapTriggers,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ar = ctx.kind.api_resource.clone();
-    let t = ctx.children.triggers();
     let counting = count_phases(controller.store(), Arc::clone(&ctx));
     let (swept_tx, swept_rx) = tokio::sync::mpsc::unbounded_channel();
-    let sweeping = sweep::run(Arc::clone(&ctx), controller.store(), sweep_interval, triggers.policy_swapped_for_sweep, swept_tx);
+    let sweeping = sweep::run(
+        Arc::clone(&ctx),
+        controller.store(),
+        sweep_interval,
+        triggers.policy_swapped_for_sweep,
+        swept_tx,
+    );
     let swept = futures::stream::unfold(swept_rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
-    let running = controller
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .watches_shared_stream(t.statefulsets, { let ar = ar.clone(); move |c| mapper(&ar, c) })
-        .watches_shared_stream(t.services, { let ar = ar.clone(); move |c| mapper(&ar, c) })
-        .watches_shared_stream(t.configmaps, { let ar = ar.clone(); move |c| mapper(&ar, c) })
-        .watches_shared_stream(t.secrets, { let ar = ar.clone(); move |c| mapper(&ar, c) })
-        .watches_shared_stream(t.pdbs, { let ar = ar.clone(); move |c| mapper(&ar, c) })
-        .watches_shared_stream(t.pvcs, { let ar = ar.clone(); move |c| mapper(&ar, c) })
-        .reconcile_all_on(ctx.children.changes().filter_map(|c| async move {
-            matches!(c, children::ChildChange::Relisted).then_some(())
-        }))
-        .reconcile_all_on(triggers.plugin_swapped)
-        .reconcile_all_on(triggers.policy_swapped)
-        .reconcile_on(swept)
-        .reconcile_on(ctx.children.changes().filter_map({
-            let ar = ar.clone();
-            move |c| {
-                let target = match c {
-                    children::ChildChange::Deleted { namespace, instance } => {
-                        Some(ObjectRef::new_with(&instance, ar.clone()).within(&namespace))
-                    }
-                    children::ChildChange::Relisted => None,
-                };
-                async move { target }
-            }
-        }))
-        .graceful_shutdown_on(stop)
-        .run(reconcile::reconcile, error_policy, Arc::clone(&ctx))
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                tracing::debug!(error = %err, "controller event");
-            }
-        });
+    let running =
+        controller
+            .with_config(ControllerConfig::default().concurrency(concurrency))
+            .reconcile_all_on(ctx.children.changes().filter_map(|c| async move {
+                matches!(c, crate::children::ChildChange::Relisted).then_some(())
+            }))
+            .reconcile_all_on(triggers.plugin_swapped)
+            .reconcile_all_on(triggers.policy_swapped)
+            .reconcile_on(swept)
+            .reconcile_on(ctx.requests.woken().filter_map({
+                let (ar, kind) = (ar.clone(), ctx.kind.kind.clone());
+                move |owner| {
+                    let target = (owner.kind == kind)
+                        .then(|| ObjectRef::new_with(&owner.name, ar.clone()).within(&owner.namespace));
+                    async move { target }
+                }
+            }))
+            // Any change to a cached child (every kind a plugin owns) wakes its resource.
+            .reconcile_on(ctx.children.changes().filter_map({
+                let ar = ar.clone();
+                move |c| {
+                    let target = match c {
+                        crate::children::ChildChange::Changed(child) => mapper(&ar, child),
+                        crate::children::ChildChange::Deleted { namespace, instance } => {
+                            Some(ObjectRef::new_with(&instance, ar.clone()).within(&namespace))
+                        }
+                        crate::children::ChildChange::Relisted => None,
+                    };
+                    async move { target }
+                }
+            }))
+            .graceful_shutdown_on(stop)
+            .run(
+                |obj, ctx| async move {
+                    let (metrics, kind) = (ctx.metrics.clone(), ctx.kind.kind.clone());
+                    panics::catch_panic(&metrics, &kind, reconcile::reconcile(obj, ctx)).await
+                },
+                error_policy,
+                Arc::clone(&ctx),
+            )
+            .for_each(|result| async move {
+                if let Err(err) = result {
+                    tracing::debug!(error = %err, "controller event");
+                }
+            });
     // The counter and the sweep end with the controller: the select drops them when the run
     // stream ends.
     tokio::select! {
@@ -432,24 +413,4 @@ fn error_policy(obj: Arc<DynamicObject>, err: &Error, ctx: Arc<Context>) -> Requ
     let delay = ctx.backoff.next(&obj);
     tracing::warn!(kind = %ctx.kind.kind, name = %obj.name_any(), error = %err, retry_in = ?delay, "reconcile failed");
     Requeue::requeue(delay)
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

@@ -1,5 +1,6 @@
 //! One reconcile, in one readable place: observe → plugin → policy → apply → status.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,9 +11,12 @@ use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
 use tracing::Instrument;
 
+use super::dispatch::{self, Scene};
 use super::status::{self, PluginStamp};
 use super::{Context, Error, FINALIZER};
-use crate::runtime::{Action, EventType, Plugin};
+use crate::plugin_call;
+use crate::requests::Owner;
+use crate::runtime::{Action, EventType, Observed, Plugin, StatusReport};
 
 /// How long a converged resource waits before it is looked at again without any event.
 const RESYNC: Duration = Duration::from_secs(600);
@@ -41,7 +45,9 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
     if !ctx.leadership.is_leader() {
         return Err(Error::NotLeader);
     }
-    let resource = serde_json::to_value(obj).map_err(|e| Error::Resource(obj.name_any(), e.to_string()))?;
+    let mut resource =
+        serde_json::to_value(obj).map_err(|e| Error::Resource(obj.name_any(), e.to_string()))?;
+    ctx.written.freshest(&uid(obj), &version(obj), &mut resource);
     let namespace = obj.namespace().unwrap_or_default();
     let name = obj.name_any();
     let plugin = ctx.plugin();
@@ -52,46 +58,52 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
     let mut children = tracing::info_span!("observe").in_scope(|| ctx.children.observe(&namespace, &name));
     // A child controlled by another object (an earlier resource of this name that the garbage
     // collector has not reached yet) is not this resource's to change or delete.
-    children.retain(|child| !controlled_by_other(child, obj.metadata.uid.as_deref()));
-    let child_text: Vec<String> = children.iter().map(Value::to_string).collect();
+    children.retain(|child| !controlled_by_other(child, &ctx.kind.kind, obj.metadata.uid.as_deref()));
+    let child_text: Vec<String> = children.iter().map(crate::children::plugin_view).collect();
     let resource_text = resource.to_string();
     let now_ms = now_ms();
 
     if obj.metadata.deletion_timestamp.is_some() {
         return finalize(obj, ctx, &plugin, &resource, &children, child_text, now_ms).await;
     }
-    ensure_finalizer(obj, ctx).await?;
+    if let Some(version) = ensure_finalizer(obj, ctx).await? {
+        // The status below is written over this version too (see [`super::written`]).
+        resource["metadata"]["resourceVersion"] = json!(version);
+    }
 
-    let call = {
-        let (guest, ns) = (Arc::clone(&plugin), namespace.clone());
-        let span = plugin_span(&plugin, "reconcile");
-        let started = Instant::now();
-        let in_call = span.clone();
-        let _probation = if plugin.on_probation() { plugin.probation_permit().await } else { None };
-        let answer = ctx
-            .sandbox
-            .run_blocking(move || in_call.in_scope(|| guest.reconcile(&resource_text, &child_text, now_ms, &ns)))
-            .await?;
-        let elapsed = started.elapsed();
-        span.record("elapsed_ms", millis(elapsed));
-        ctx.metrics.plugin_call(plugin.name(), "reconcile", elapsed.as_secs_f64());
-        answer
-    };
+    let owner = Owner { kind: ctx.kind.kind.clone(), namespace: namespace.clone(), name: name.clone() };
+    let responses = ctx.requests.responses(&owner, &crate::requests::records(&resource));
+    let ns = namespace.clone();
+    let call = plugin_call::call(&ctx.sandbox, &ctx.metrics, &plugin, "reconcile", move |guest| {
+        let observed =
+            Observed { resource: &resource_text, children: &child_text, now_ms, responses: &responses };
+        guest.reconcile_observed(&observed, &ns)
+    })
+    .await?;
     let plan = match call {
         Ok(plan) => plan,
         Err(err) => {
-            if err.is_trap() {
-                ctx.metrics.plugin_trap(plugin.name(), err.label());
-            }
+            crate::guardrails::record_refusal(&ctx.gate.current(), &plugin, &resource, &err);
             let err = Error::Plugin(err);
             degrade(obj, ctx, &resource, &err).await;
             return Err(err);
         }
     };
 
-    gate(obj, ctx, &plugin, &resource, &plan.actions).await?;
+    check_guardrails(obj, ctx, &plugin, &resource, &children, &plan.actions, Some(&plan.status)).await?;
 
-    for action in &plan.actions {
+    // Requests go first and never wait: their answers come in a later reconcile.
+    let scene = Scene {
+        owner: &owner,
+        resource: &resource,
+        children: &children,
+        api: cr_api(obj, ctx),
+        plugin: plugin.name(),
+        now_ms,
+    };
+    dispatch::dispatch(&ctx.requests, &scene, &plan.actions).await;
+    ctx.requests.retain(&owner, &planned_ids(&plan.actions));
+    for action in plan.actions.iter().filter(|a| !a.is_request()) {
         if let Err(err) = execute(ctx, action, &resource, &namespace, &children).await {
             // What needs the user (someone else's object in the way, the API server refusing the
             // object: a quota, an admission policy, an invalid field) goes to status and an
@@ -107,7 +119,7 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
     let finding = ctx.findings.get(&namespace, &name).map(|f| f.condition());
     let desired = status::desired(&resource, &plan.status, finding.as_ref(), &stamp, &now_rfc3339());
     if status::differs(&resource, &desired) {
-        write_status(obj, ctx, &desired).await?;
+        write_status(obj, ctx, &resource, &status::merge_patch(resource.get("status"), &desired)).await?;
     }
     // Phase changes arrive as the plugin's own events (the sdk emits PhaseChanged).
     for event in &plan.events {
@@ -116,11 +128,39 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
     Ok(Requeue::requeue(plan.requeue_after.unwrap_or(RESYNC)))
 }
 
+/// The ids of the plan's requests.
+fn planned_ids(actions: &[Action]) -> HashSet<&str> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Exec { request } => Some(request.id.as_str()),
+            Action::Http { request } => Some(request.id.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Evaluates the guardrails for every action; any enforced deny stops the whole plan.
-async fn gate(obj: &DynamicObject, ctx: &Context, plugin: &Plugin, resource: &Value, actions: &[Action]) -> Result<(), Error> {
-    let span = tracing::info_span!("policy.eval", path = "data.stateward.guardrails", result = tracing::field::Empty, decisions = i64::try_from(actions.len()).unwrap_or(i64::MAX), decision_id = tracing::field::Empty);
+async fn check_guardrails(
+    obj: &DynamicObject,
+    ctx: &Context,
+    plugin: &Plugin,
+    resource: &Value,
+    children: &[Value],
+    actions: &[Action],
+    status: Option<&StatusReport>,
+) -> Result<(), Error> {
+    let span = tracing::info_span!(
+        "policy.eval",
+        path = "data.stateward.guardrails",
+        result = tracing::field::Empty,
+        decisions = i64::try_from(actions.len() + usize::from(status.is_some())).unwrap_or(i64::MAX),
+        decision_id = tracing::field::Empty
+    );
     let started = Instant::now();
-    let verdict = span.in_scope(|| crate::plan_gate::check(&ctx.gate.current(), plugin, resource, actions));
+    let verdict = span.in_scope(|| {
+        crate::guardrails::check(&ctx.gate.current(), plugin, resource, children, actions, status)
+    });
     let result = if verdict.allowed() { "allow" } else { "deny" };
     span.record("result", result);
     // One decision per action; their ids lead to the audit records (comma-separated).
@@ -140,7 +180,13 @@ async fn gate(obj: &DynamicObject, ctx: &Context, plugin: &Plugin, resource: &Va
 }
 
 /// One action in its own `apply` span (kind, name, verb, and whether it wrote).
-async fn execute(ctx: &Context, action: &Action, resource: &Value, namespace: &str, children: &[Value]) -> Result<(), Error> {
+async fn execute(
+    ctx: &Context,
+    action: &Action,
+    resource: &Value,
+    namespace: &str,
+    children: &[Value],
+) -> Result<(), Error> {
     let (kind, name) = match action {
         Action::Apply { object } => {
             let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or_default().to_owned();
@@ -148,14 +194,26 @@ async fn execute(ctx: &Context, action: &Action, resource: &Value, namespace: &s
         }
         Action::Delete { target } => (target.kind.clone(), target.name.clone()),
         Action::EnsureSecret { secret } => ("Secret".to_owned(), secret.name.clone()),
+        Action::LabelPod { pods } => ("Pod".to_owned(), pods.pod.clone()),
+        // Requests are dispatched, never executed here.
+        Action::Exec { request } => ("Pod".to_owned(), request.what.pod.clone()),
+        Action::Http { request } => ("Http".to_owned(), request.id.clone()),
     };
     let span = tracing::info_span!("apply", kind, name, verb = action.verb(), wrote = tracing::field::Empty);
     execute_one(ctx, action, resource, namespace, children).instrument(span).await
 }
 
-async fn execute_one(ctx: &Context, action: &Action, resource: &Value, namespace: &str, children: &[Value]) -> Result<(), Error> {
+async fn execute_one(
+    ctx: &Context,
+    action: &Action,
+    resource: &Value,
+    namespace: &str,
+    children: &[Value],
+) -> Result<(), Error> {
     let observed = |api_version: &str, kind: &str, name: &str| {
-        children.iter().find(|c| c["apiVersion"] == api_version && c["kind"] == kind && c["metadata"]["name"] == name)
+        children
+            .iter()
+            .find(|c| c["apiVersion"] == api_version && c["kind"] == kind && c["metadata"]["name"] == name)
     };
     if !ctx.leadership.is_leader() {
         return Err(Error::NotLeader);
@@ -180,12 +238,21 @@ async fn execute_one(ctx: &Context, action: &Action, resource: &Value, namespace
         }
         Action::EnsureSecret { secret } => {
             let existing = ctx.children.secret(namespace, &secret.name);
-            let wrote = ctx.applier.ensure_secret(secret, namespace, existing.as_deref()).await?;
+            let wrote = ctx.applier.ensure_secret(secret, namespace, existing.as_deref(), resource).await?;
             if wrote {
                 ctx.metrics.api_write("ensure-secret", "Secret");
             }
             wrote
         }
+        Action::LabelPod { pods } => {
+            let current = observed("v1", "Pod", &pods.pod);
+            let wrote = ctx.applier.label_pod(pods, namespace, current).await?;
+            if wrote {
+                ctx.metrics.api_write("label-pod", "Pod");
+            }
+            wrote
+        }
+        Action::Exec { .. } | Action::Http { .. } => false,
     };
     tracing::Span::current().record("wrote", wrote);
     tracing::debug!(verb = action.verb(), wrote, "action");
@@ -205,18 +272,22 @@ async fn finalize(
         return Ok(Requeue::await_change());
     }
     let namespace = obj.namespace().unwrap_or_default();
-    let cleanup = {
-        let _probation = if plugin.on_probation() { plugin.probation_permit().await } else { None };
-        let (plugin, ns, text) = (Arc::clone(plugin), namespace.clone(), resource.to_string());
-        let span = plugin_span(&plugin, "finalize");
-        let started = Instant::now();
-        let in_call = span.clone();
-        let answer = ctx.sandbox.run_blocking(move || in_call.in_scope(|| plugin.finalize(&text, &child_text, now_ms, &ns))).await?;
-        span.record("elapsed_ms", millis(started.elapsed()));
-        answer.map_err(Error::Plugin)?
-    };
-    gate(obj, ctx, plugin, resource, &cleanup.actions).await?;
-    for action in &cleanup.actions {
+    let (ns, text) = (namespace.clone(), resource.to_string());
+    let owner = Owner { kind: ctx.kind.kind.clone(), namespace: namespace.clone(), name: obj.name_any() };
+    let responses = ctx.requests.responses(&owner, &crate::requests::records(resource));
+    let cleanup = plugin_call::call(&ctx.sandbox, &ctx.metrics, plugin, "finalize", move |guest| {
+        let observed = Observed { resource: &text, children: &child_text, now_ms, responses: &responses };
+        guest.finalize_observed(&observed, &ns)
+    })
+    .await?
+    .inspect_err(|err| crate::guardrails::record_refusal(&ctx.gate.current(), plugin, resource, err))
+    .map_err(Error::Plugin)?;
+    check_guardrails(obj, ctx, plugin, resource, children, &cleanup.actions, None).await?;
+    let scene =
+        Scene { owner: &owner, resource, children, api: cr_api(obj, ctx), plugin: plugin.name(), now_ms };
+    dispatch::dispatch(&ctx.requests, &scene, &cleanup.actions).await;
+    ctx.requests.retain(&owner, &planned_ids(&cleanup.actions));
+    for action in cleanup.actions.iter().filter(|a| !a.is_request()) {
         execute(ctx, action, resource, &namespace, children).await?;
     }
     for event in &cleanup.events {
@@ -227,15 +298,23 @@ async fn finalize(
         return Ok(Requeue::requeue(Duration::from_secs(2)));
     }
     remove_finalizer(obj, ctx).await?;
+    ctx.requests.retain(&owner, &HashSet::new());
     Ok(Requeue::await_change())
 }
 
 /// A resource whose name another kind's resource holds never acts: not even its cleanup,
 /// since the objects named after it are the holder's. Deleting it only drops our finalizer.
-async fn refuse_name_conflict(obj: &DynamicObject, ctx: &Context, resource: &Value, holder: super::claims::Holder) -> Result<Requeue, Error> {
+async fn refuse_name_conflict(
+    obj: &DynamicObject,
+    ctx: &Context,
+    resource: &Value,
+    holder: super::claims::Holder,
+) -> Result<Requeue, Error> {
     let err = Error::NameConflict(holder);
     if obj.metadata.deletion_timestamp.is_some() {
-        ctx.events.publish(obj, EventType::Warning, err.reason(), &format!("deleted without cleanup: {err}")).await;
+        ctx.events
+            .publish(obj, EventType::Warning, err.reason(), &format!("deleted without cleanup: {err}"))
+            .await;
         remove_finalizer(obj, ctx).await?;
         return Ok(Requeue::await_change());
     }
@@ -243,37 +322,29 @@ async fn refuse_name_conflict(obj: &DynamicObject, ctx: &Context, resource: &Val
     Err(err)
 }
 
-fn controlled_by_other(child: &Value, uid: Option<&str>) -> bool {
+/// Whether another resource of this kind controls `child` (a Pod controlled by the
+/// resource's StatefulSet is the resource's own).
+fn controlled_by_other(child: &Value, kind: &str, uid: Option<&str>) -> bool {
     let refs = child.pointer("/metadata/ownerReferences").and_then(Value::as_array);
     let controller = refs.into_iter().flatten().find(|r| r["controller"] == Value::Bool(true));
-    controller.is_some_and(|r| r["uid"].as_str() != uid)
-}
-
-/// Milliseconds with microsecond resolution, for span attributes people read.
-fn millis(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
-}
-
-/// The `plugin.call` span: plugin, version, export, and the call's wall time once it returns.
-/// The plugin's `log` lines are emitted inside it, so they become its span events.
-fn plugin_span(plugin: &Plugin, export: &'static str) -> tracing::Span {
-    tracing::info_span!("plugin.call", plugin = plugin.name(), version = plugin.version(), export, elapsed_ms = tracing::field::Empty)
+    controller.is_some_and(|r| r["kind"] == kind && r["uid"].as_str() != uid)
 }
 
 fn cr_api(obj: &DynamicObject, ctx: &Context) -> Api<DynamicObject> {
     Api::namespaced_with(ctx.client.clone(), &obj.namespace().unwrap_or_default(), &ctx.kind.api_resource)
 }
 
-async fn ensure_finalizer(obj: &DynamicObject, ctx: &Context) -> Result<(), Error> {
+/// Adds the finalizer if it is missing; the resource's version after the patch, if it patched.
+async fn ensure_finalizer(obj: &DynamicObject, ctx: &Context) -> Result<Option<String>, Error> {
     if obj.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(());
+        return Ok(None);
     }
     let patch = if obj.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
         json!([{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}])
     } else {
         json!([{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}])
     };
-    patch_cr(obj, ctx, patch, "add finalizer").await
+    patch_cr(obj, ctx, patch, "add finalizer").await.map(|patched| patched.resource_version())
 }
 
 async fn remove_finalizer(obj: &DynamicObject, ctx: &Context) -> Result<(), Error> {
@@ -282,29 +353,93 @@ async fn remove_finalizer(obj: &DynamicObject, ctx: &Context) -> Result<(), Erro
     };
     let path = format!("/metadata/finalizers/{index}");
     let patch = json!([{"op": "test", "path": path, "value": FINALIZER}, {"op": "remove", "path": path}]);
-    patch_cr(obj, ctx, patch, "remove finalizer").await
+    patch_cr(obj, ctx, patch, "remove finalizer").await?;
+    ctx.written.forget(&uid(obj));
+    Ok(())
 }
 
-async fn patch_cr(obj: &DynamicObject, ctx: &Context, patch: Value, verb: &'static str) -> Result<(), Error> {
+async fn patch_cr(
+    obj: &DynamicObject,
+    ctx: &Context,
+    patch: Value,
+    verb: &'static str,
+) -> Result<DynamicObject, Error> {
     let patch: json_patch::Patch =
         serde_json::from_value(patch).map_err(|e| Error::Resource(obj.name_any(), e.to_string()))?;
-    cr_api(obj, ctx)
-        .patch(&obj.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-        .map_err(|e| Error::api(verb, &ctx.kind.kind, &obj.name_any(), e))?;
+    let target = CrWrite { api: cr_api(obj, ctx), leadership: &ctx.leadership, kind: &ctx.kind.kind };
+    let patched = target.json_patch(&obj.name_any(), patch, verb).await?;
     ctx.metrics.api_write("patch", &ctx.kind.kind);
+    Ok(patched)
+}
+
+/// Writes `status`, a merge patch of `.status` (see [`status::merge_patch`]) over `resource` as
+/// this reconcile read it, and remembers what the API server stored until the cache has it.
+async fn write_status(
+    obj: &DynamicObject,
+    ctx: &Context,
+    resource: &Value,
+    status: &Value,
+) -> Result<(), Error> {
+    let target = CrWrite { api: cr_api(obj, ctx), leadership: &ctx.leadership, kind: &ctx.kind.kind };
+    let stored = target.status(&obj.name_any(), status).instrument(tracing::info_span!("status")).await?;
+    ctx.metrics.api_write("status", &ctx.kind.kind);
+    let mut superseded = vec![version(obj)];
+    if let Some(read) = resource.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
+        if read != superseded[0] {
+            superseded.push(read.to_string());
+        }
+    }
+    let stored = serde_json::to_value(stored).unwrap_or_default();
+    match stored.get("status") {
+        Some(status) => ctx.written.remember(&uid(obj), superseded, status.clone()),
+        None => ctx.written.forget(&uid(obj)),
+    }
     Ok(())
 }
 
-async fn write_status(obj: &DynamicObject, ctx: &Context, status: &Value) -> Result<(), Error> {
-    let patch = json!({ "status": status });
-    cr_api(obj, ctx)
-        .patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .instrument(tracing::info_span!("status"))
-        .await
-        .map_err(|e| Error::api("patch status", &ctx.kind.kind, &obj.name_any(), e))?;
-    ctx.metrics.api_write("status", &ctx.kind.kind);
-    Ok(())
+fn uid(obj: &DynamicObject) -> String {
+    obj.uid().unwrap_or_default()
+}
+
+fn version(obj: &DynamicObject) -> String {
+    obj.resource_version().unwrap_or_default()
+}
+
+/// The custom resource's own writes (finalizer, status). Like every child write
+/// ([`execute_one`]), each asks right before it is sent whether this replica still leads: a
+/// reconcile that began as leader may outlive the Lease (hardening finding 8).
+struct CrWrite<'a> {
+    api: Api<DynamicObject>,
+    leadership: &'a crate::leader::Leadership,
+    kind: &'a str,
+}
+
+impl CrWrite<'_> {
+    async fn json_patch(
+        &self,
+        name: &str,
+        patch: json_patch::Patch,
+        verb: &'static str,
+    ) -> Result<DynamicObject, Error> {
+        if !self.leadership.is_leader() {
+            return Err(Error::NotLeader);
+        }
+        self.api
+            .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+            .map_err(|e| Error::api(verb, self.kind, name, e))
+    }
+
+    async fn status(&self, name: &str, status: &Value) -> Result<DynamicObject, Error> {
+        if !self.leadership.is_leader() {
+            return Err(Error::NotLeader);
+        }
+        let patch = json!({ "status": status });
+        self.api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| Error::api("patch status", self.kind, name, e))
+    }
 }
 
 /// Marks the resource Degraded with the failure's reason and says so in an Event.
@@ -312,7 +447,9 @@ async fn degrade(obj: &DynamicObject, ctx: &Context, resource: &Value, err: &Err
     let message = err.to_string();
     let status = status::degraded(resource, err.reason(), &message, &now_rfc3339());
     if status::differs(resource, &status) {
-        if let Err(e) = write_status(obj, ctx, &status).await {
+        if let Err(e) =
+            write_status(obj, ctx, resource, &status::merge_patch(resource.get("status"), &status)).await
+        {
             tracing::warn!(error = %e, "cannot record the failure in status");
         }
     }
@@ -320,9 +457,7 @@ async fn degrade(obj: &DynamicObject, ctx: &Context, resource: &Value, err: &Err
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn now_rfc3339() -> String {
@@ -334,13 +469,60 @@ mod tests {
     use super::controlled_by_other;
     use serde_json::json;
 
+    /// Hardening finding 8: a finalizer or status write of a replica that does not lead is
+    /// refused before it is sent (the API server here is a closed port: a write that went out
+    /// would fail with a connection error instead).
+    #[tokio::test]
+    #[allow(clippy::expect_used)]
+    async fn resource_writes_check_leadership_first() {
+        use super::{CrWrite, Error};
+        let closed =
+            std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
+        let config = kube::Config::new(format!("http://127.0.0.1:{closed}").parse().expect("url"));
+        let client = kube::Client::try_from(config).expect("client");
+        let (leadership, task) = crate::leader::spawn(
+            client.clone(),
+            crate::leader::LeaderConfig::new("default", "lease", "me"),
+            std::future::pending::<()>(),
+        );
+        let ar = kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("stateward.dev", "v1", "PostgresCluster"),
+            "postgresclusters",
+        );
+        let target = CrWrite {
+            api: kube::Api::<kube::core::DynamicObject>::namespaced_with(client, "default", &ar),
+            leadership: &leadership,
+            kind: "PostgresCluster",
+        };
+        let status = target.status("db", &json!({"phase": "Running"})).await;
+        assert!(matches!(status, Err(Error::NotLeader)), "status written without leadership: {status:?}");
+        let patch = json_patch::Patch(Vec::new());
+        let finalizer = target.json_patch("db", patch, "remove finalizer").await;
+        assert!(
+            matches!(finalizer, Err(Error::NotLeader)),
+            "finalizer written without leadership: {finalizer:?}"
+        );
+        task.abort();
+    }
+
     #[test]
     fn only_a_foreign_controller_hides_a_child() {
         let child = |refs: serde_json::Value| json!({"metadata": {"name": "db", "ownerReferences": refs}});
         let ours = Some("uid-1");
-        assert!(!controlled_by_other(&json!({"metadata": {"name": "data-db-0"}}), ours), "a claim has no owner");
-        assert!(!controlled_by_other(&child(json!([{"uid": "uid-1", "controller": true}])), ours));
-        assert!(controlled_by_other(&child(json!([{"uid": "uid-0", "controller": true}])), ours), "an earlier resource of the name");
-        assert!(!controlled_by_other(&child(json!([{"uid": "uid-9"}])), ours), "a plain owner is not a controller");
+        let other = |child: &serde_json::Value| controlled_by_other(child, "PostgresCluster", ours);
+        assert!(!other(&json!({"metadata": {"name": "data-db-0"}})), "a claim has no owner");
+        assert!(!other(&child(json!([{"kind": "PostgresCluster", "uid": "uid-1", "controller": true}]))));
+        assert!(
+            other(&child(json!([{"kind": "PostgresCluster", "uid": "uid-0", "controller": true}]))),
+            "an earlier resource of the name"
+        );
+        assert!(
+            !other(&child(json!([{"kind": "PostgresCluster", "uid": "uid-9"}]))),
+            "a plain owner is not a controller"
+        );
+        assert!(
+            !other(&child(json!([{"kind": "StatefulSet", "uid": "sts-1", "controller": true}]))),
+            "a pod of the resource's StatefulSet is the resource's"
+        );
     }
 }

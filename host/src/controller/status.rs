@@ -34,7 +34,13 @@ pub struct PluginStamp<'a> {
 
 /// The full `.status` for `resource` given the plugin's report and the host's own condition
 /// from the audit sweep, if any; `now` is RFC 3339.
-pub fn desired(resource: &Value, report: &StatusReport, host: Option<&Condition>, plugin: &PluginStamp<'_>, now: &str) -> Value {
+pub fn desired(
+    resource: &Value,
+    report: &StatusReport,
+    host: Option<&Condition>,
+    plugin: &PluginStamp<'_>,
+    now: &str,
+) -> Value {
     let previous = resource.pointer("/status/conditions").and_then(Value::as_array);
     let conditions: Vec<Value> = report
         .conditions
@@ -55,7 +61,48 @@ pub fn desired(resource: &Value, report: &StatusReport, host: Option<&Condition>
     );
     status.insert("plugin".into(), json!(format!("{}@{}", plugin.name, plugin.version)));
     status.insert("pluginDigest".into(), json!(format!("sha256:{}", plugin.digest)));
+    // The host's own records are kept as they are, whatever the plugin reported under their
+    // names: a plugin never writes the one-shot ledger.
+    for key in HOST_KEYS {
+        match resource.pointer(&format!("/status/{key}")) {
+            Some(kept) => status.insert((*key).into(), kept.clone()),
+            None => status.remove(*key),
+        };
+    }
     Value::Object(status)
+}
+
+/// Keys of `.status` the host writes apart from the reconcile's status: the one-shot requests'
+/// ledger (requests/durable.rs).
+pub const HOST_KEYS: &[&str] = &["requests"];
+
+/// The JSON merge patch (RFC 7386) that turns `current` into `desired`: what changed, and
+/// `null` for every key `desired` no longer has, at any depth (a plain merge of `desired` would
+/// keep a field the plugin stopped reporting, such as an error that has cleared, forever).
+pub fn merge_patch(current: Option<&Value>, desired: &Value) -> Value {
+    match (current, desired) {
+        (Some(Value::Object(old)), Value::Object(new)) => {
+            let mut patch = Map::new();
+            for (key, value) in new {
+                if old.get(key) != Some(value) {
+                    patch.insert(key.clone(), merge_patch(old.get(key), value));
+                }
+            }
+            for key in old.keys().filter(|k| !new.contains_key(*k)) {
+                patch.insert(key.clone(), Value::Null);
+            }
+            Value::Object(patch)
+        }
+        // Nothing stored there (or no object): the object is written whole, without the nulls
+        // that would only say "absent".
+        (_, Value::Object(new)) => Value::Object(
+            new.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), merge_patch(None, v)))
+                .collect(),
+        ),
+        (_, other) => other.clone(),
+    }
 }
 
 /// A Degraded condition set by the host itself (plugin failure, policy denial), keeping the
@@ -72,9 +119,8 @@ pub fn degraded(resource: &Value, reason: &str, message: &str, now: &str) -> Val
         reason: reason.into(),
         message: message.chars().take(1024).collect(),
     };
-    let mut conditions: Vec<Value> = previous
-        .map(|p| p.iter().filter(|c| c["type"] != "Degraded").cloned().collect())
-        .unwrap_or_default();
+    let mut conditions: Vec<Value> =
+        previous.map(|p| p.iter().filter(|c| c["type"] != "Degraded").cloned().collect()).unwrap_or_default();
     conditions.push(condition(&degraded, previous, now));
     status["conditions"] = Value::Array(conditions);
     status["observedGeneration"] = resource.pointer("/metadata/generation").cloned().unwrap_or(json!(0));
@@ -100,4 +146,61 @@ fn condition(c: &Condition, previous: Option<&Vec<Value>>, now: &str) -> Value {
 /// Whether writing `desired` would change the stored status.
 pub fn differs(resource: &Value, desired: &Value) -> bool {
     resource.get("status") != Some(desired)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamp() -> PluginStamp<'static> {
+        PluginStamp { name: "p", version: "1", digest: "d" }
+    }
+
+    fn report(extra: Value) -> StatusReport {
+        StatusReport { phase: Phase::Running, conditions: vec![], extra }
+    }
+
+    /// A field the plugin stops reporting goes from the stored status (it used to stay: an
+    /// error that had cleared was still shown beside the healthy answer, and the status was
+    /// written again on every reconcile, since it never matched).
+    #[test]
+    fn a_field_the_plugin_no_longer_reports_is_removed() {
+        let stored = json!({"status": {
+            "phase": "Running", "conditions": [], "observedGeneration": 0, "plugin": "p@1", "pluginDigest": "sha256:d",
+            "clusterHealth": {"status": "red", "error": "connecting: refused", "nodes": 0},
+            "gone": 1,
+        }});
+        let desired = desired(
+            &stored,
+            &report(json!({"clusterHealth": {"status": "green", "nodes": 1}})),
+            None,
+            &stamp(),
+            "now",
+        );
+        assert!(differs(&stored, &desired));
+        let patch = merge_patch(stored.get("status"), &desired);
+        assert_eq!(
+            patch,
+            json!({"clusterHealth": {"status": "green", "error": null, "nodes": 1}, "gone": null})
+        );
+        let mut written = stored["status"].clone();
+        json_patch::merge(&mut written, &patch);
+        assert_eq!(written, desired, "the patch makes the stored status the desired one");
+        let after = json!({"status": written});
+        assert!(!differs(&after, &desired), "then nothing to write");
+    }
+
+    /// The one-shot ledger is the host's: kept through the reconcile's status, never taken from
+    /// what the plugin reports.
+    #[test]
+    fn the_one_shot_ledger_is_kept_and_never_the_plugins() {
+        let ledger = json!({"promote": {"state": "Sent", "sentAtMs": 5}});
+        let stored = json!({"status": {"phase": "Running", "requests": ledger}});
+        let forged = report(json!({"requests": {"promote": {"state": "Answered", "code": 0}}}));
+        let d = desired(&stored, &forged, None, &stamp(), "now");
+        assert_eq!(d["requests"], ledger);
+        assert!(merge_patch(stored.get("status"), &d).get("requests").is_none(), "left alone");
+        let fresh = desired(&json!({}), &forged, None, &stamp(), "now");
+        assert!(fresh.get("requests").is_none(), "a plugin cannot start a ledger: {fresh}");
+    }
 }

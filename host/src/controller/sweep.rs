@@ -16,7 +16,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::Context;
-use crate::policy::{engine::rule_id, AdmissionRequest, DecisionContext, UserInfo};
+use crate::policy::{engine::rule_id, DecisionContext};
+use crate::policy_input::AdmissionRequest;
 use crate::runtime::{Condition, ConditionStatus};
 
 /// The user name the sweep's decisions carry in the audit log.
@@ -95,9 +96,13 @@ pub async fn run(
     }
 }
 
-async fn sweep_once(ctx: &Arc<Context>, store: &Store<DynamicObject>, changed: &mpsc::UnboundedSender<ObjectRef<DynamicObject>>) {
+async fn sweep_once(
+    ctx: &Arc<Context>,
+    store: &Store<DynamicObject>,
+    changed: &mpsc::UnboundedSender<ObjectRef<DynamicObject>>,
+) {
     let gate = ctx.gate.current();
-    let bundle = gate.engine().digest().to_string();
+    let bundle = gate.digest().to_string();
     let mut counts: BTreeMap<String, i64> = BTreeMap::new();
     let mut present = std::collections::HashSet::new();
     let objects = store.state();
@@ -107,14 +112,8 @@ async fn sweep_once(ctx: &Arc<Context>, store: &Store<DynamicObject>, changed: &
         }
         let (namespace, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
         let object = serde_json::to_value(obj.as_ref()).unwrap_or(Value::Null);
-        let request = AdmissionRequest {
-            operation: "AUDIT".into(),
-            user_info: UserInfo { username: SWEEP_USER.into(), groups: Vec::new() },
-            object,
-            old_object: Value::Null,
-            dry_run: true,
-        };
-        let decision = DecisionContext { requested_by: SWEEP_USER.into(), ..DecisionContext::default() };
+        let request = AdmissionRequest::audit(object, SWEEP_USER);
+        let decision = DecisionContext::in_current_span(SWEEP_USER);
         let verdict = gate.admit(&decision, &request);
         let mut denied = verdict.denied.clone();
         denied.extend(verdict.dryrun.iter().map(|m| format!("{m} (dryrun)")));

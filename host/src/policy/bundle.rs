@@ -31,10 +31,7 @@ impl Bundle {
         let mut files = Vec::new();
         collect(dir, dir, &mut files)?;
         if files.is_empty() {
-            return Err(PolicyError::CompileBundle(format!(
-                "no .rego or .json files in {}",
-                dir.display()
-            )));
+            return Err(PolicyError::CompileBundle(format!("no .rego or .json files in {}", dir.display())));
         }
         Self::from_files(files)
     }
@@ -51,9 +48,7 @@ impl Bundle {
                 )));
             }
             if by_name.insert(f.name.clone(), f).is_some() {
-                return Err(PolicyError::CompileBundle(
-                    "duplicate file name in bundle".into(),
-                ));
+                return Err(PolicyError::CompileBundle("duplicate file name in bundle".into()));
             }
         }
         let files: Vec<BundleFile> = by_name.into_values().collect();
@@ -82,11 +77,8 @@ impl Bundle {
     pub fn data_documents(&self) -> Result<Vec<(String, serde_json::Value)>, PolicyError> {
         let mut docs = Vec::new();
         for f in self.files.iter().filter(|f| f.name.ends_with(".json")) {
-            let mut value: serde_json::Value =
-                serde_json::from_str(&f.contents).map_err(|e| PolicyError::LoadData {
-                    file: f.name.clone(),
-                    message: e.to_string(),
-                })?;
+            let mut value: serde_json::Value = serde_json::from_str(&f.contents)
+                .map_err(|e| PolicyError::LoadData { file: f.name.clone(), message: e.to_string() })?;
             if !value.is_object() {
                 return Err(PolicyError::LoadData {
                     file: f.name.clone(),

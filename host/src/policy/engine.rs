@@ -6,19 +6,21 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use regorus::languages::rego::compiler::Compiler;
 use regorus::rvm::program::Program;
 use regorus::rvm::vm::RegoVM;
+use regorus::utils::limits::ExecutionTimerConfig;
 
 use super::bundle::Bundle;
 use super::error::PolicyError;
 
-/// The three decision points of DESIGN.md §6, each a Rego package with `deny` and optional
-/// `warn` sets of messages.
+/// The three decision points (docs/architecture.md), each a Rego package with `deny` and
+/// optional `warn` sets of messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DecisionPoint {
     /// `data.stateward.admission`: who may change what.
@@ -67,6 +69,20 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The stricter of two modes: deny over warn over dryrun.
+    pub fn stricter(self, other: Self) -> Self {
+        let rank = |m: Self| match m {
+            Self::Deny => 2,
+            Self::Warn => 1,
+            Self::Dryrun => 0,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+
     fn parse(s: &str) -> Option<Self> {
         match s {
             "deny" => Some(Self::Deny),
@@ -81,10 +97,7 @@ impl Mode {
 /// `[a-z0-9-]`, e.g. `privileged` in `"privileged: container db runs privileged"`.
 pub fn rule_id(message: &str) -> Option<&str> {
     let (id, _) = message.split_once(": ")?;
-    let ok = !id.is_empty()
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    let ok = !id.is_empty() && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
     ok.then_some(id)
 }
 
@@ -116,6 +129,41 @@ pub struct TestOutcome {
 /// Upper bound on RVM instructions per decision: a runaway policy fails closed instead of
 /// stalling a reconcile (regorus' default of 25 000 is too low for large pod templates).
 const MAX_INSTRUCTIONS: usize = 5_000_000;
+
+/// Wall-clock bound of every evaluation: each decision (RVM or interpreter), the first
+/// evaluation of a new bundle, each of its tests, each query. A decision of the shipped policy
+/// takes well under a millisecond; a bundle that runs past this fails closed (a decision is
+/// denied, a new bundle refused).
+///
+/// Why in-process and not a child process: regorus checks this timer cooperatively in the
+/// interpreter's and the RVM's loops, so every path is bounded in time without a process
+/// per decision (a decision is ~100 µs, a spawn is ~1 ms). What the timer cannot stop is one
+/// builtin call that allocates by its argument, not by data already in memory
+/// (`numbers.range(0, 1e12)` reserves 24 TB at once and aborts the process): those builtins
+/// are refused at compile time ([`UNBOUNDED_BUILTINS`]). Growth by composition (say, string
+/// doubling over a few dozen statements) is bounded by neither; bounding it needs allocation
+/// accounting (regorus' `allocator-memory-limits`, which brings its own allocator) or an
+/// evaluation process with an address-space rlimit.
+pub const EVAL_TIME_LIMIT: Duration = Duration::from_secs(1);
+
+/// Loop iterations between two reads of the clock.
+const TIMER_CHECK_INTERVAL: u32 = 64;
+
+/// Builtins whose result is sized by an argument's value, computed in one uninterruptible step:
+/// a bundle that calls one is refused. None of the shipped policies needs them.
+pub const UNBOUNDED_BUILTINS: [&str; 2] = ["numbers.range", "numbers.range_step"];
+
+fn timer() -> ExecutionTimerConfig {
+    ExecutionTimerConfig {
+        limit: EVAL_TIME_LIMIT,
+        check_interval: NonZeroU32::new(TIMER_CHECK_INTERVAL).unwrap_or(NonZeroU32::MIN),
+    }
+}
+
+/// True when a regorus error is one of its execution limits (time, RVM instructions).
+fn is_limit_error(message: &str) -> bool {
+    message.contains("exceeded time limit") || message.contains("instruction limit")
+}
 
 /// The host-generated rule each decision point's RVM program runs (see `compile_rvm`).
 const DECISION_RULE: &str = "stateward_host_decision";
@@ -152,15 +200,21 @@ impl PolicyEngine {
     /// mode, or a decision point whose `deny` rule errors on an empty input.
     pub fn compile(bundle: &Bundle) -> Result<Self, PolicyError> {
         let mut engine = regorus::Engine::new();
+        // Every clone (per decision, test, query) inherits the timer; each evaluation restarts it.
+        engine.set_execution_timer_config(timer());
         let mut packages: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut tests = Vec::new();
         for m in bundle.modules() {
+            if let Some(builtin) = unbounded_builtin(&m.contents) {
+                return Err(PolicyError::Bound(format!(
+                    "{}: calls {builtin}, whose result is sized by its argument (refused: {})",
+                    m.name,
+                    UNBOUNDED_BUILTINS.join(", ")
+                )));
+            }
             let package = engine
                 .add_policy(m.name.clone(), m.contents.clone())
-                .map_err(|e| PolicyError::ParsePolicy {
-                    file: m.name.clone(),
-                    message: e.to_string(),
-                })?;
+                .map_err(|e| PolicyError::ParsePolicy { file: m.name.clone(), message: e.to_string() })?;
             for rule in test_rule_names(&m.contents) {
                 tests.push(format!("{package}.{rule}"));
             }
@@ -170,14 +224,11 @@ impl PolicyEngine {
         tests.dedup();
         for (file, doc) in bundle.data_documents()? {
             engine
-                .add_data(to_rego(&doc).map_err(|e| PolicyError::LoadData {
-                    file: file.clone(),
-                    message: e.to_string(),
-                })?)
-                .map_err(|e| PolicyError::LoadData {
-                    file,
-                    message: e.to_string(),
-                })?;
+                .add_data(
+                    to_rego(&doc)
+                        .map_err(|e| PolicyError::LoadData { file: file.clone(), message: e.to_string() })?,
+                )
+                .map_err(|e| PolicyError::LoadData { file, message: e.to_string() })?;
         }
 
         let mut points = BTreeSet::new();
@@ -188,10 +239,7 @@ impl PolicyEngine {
             };
             points.insert(point);
             for f in files {
-                if engine
-                    .has_declared_rule_rooted_at(f, "warn")
-                    .unwrap_or(false)
-                {
+                if engine.has_declared_rule_rooted_at(f, "warn").unwrap_or(false) {
                     has_warn.insert(point);
                 }
             }
@@ -218,9 +266,14 @@ impl PolicyEngine {
         this.engine.set_input(regorus::Value::new_object());
         for point in this.points.clone() {
             let path = format!("{}.deny", point.package());
-            this.engine
-                .eval_rule(path.clone())
-                .map_err(|e| PolicyError::CompileBundle(format!("{path}: {e}")))?;
+            this.engine.eval_rule(path.clone()).map_err(|e| {
+                let message = format!("{path}: {e}");
+                if is_limit_error(&message) {
+                    PolicyError::Bound(message)
+                } else {
+                    PolicyError::CompileBundle(message)
+                }
+            })?;
         }
         for point in this.points.clone() {
             match this.compile_rvm(point) {
@@ -249,16 +302,11 @@ impl PolicyEngine {
         engine
             .add_policy(
                 format!("stateward-host/{}.rego", point.name()),
-                format!(
-                    "package stateward.{}\n\n{DECISION_RULE} := {fields}\n",
-                    point.name()
-                ),
+                format!("package stateward.{}\n\n{DECISION_RULE} := {fields}\n", point.name()),
             )
             .map_err(|e| e.to_string())?;
         let entry = format!("{}.{DECISION_RULE}", point.package());
-        let compiled = engine
-            .compile_with_entrypoint(&entry.as_str().into())
-            .map_err(|e| e.to_string())?;
+        let compiled = engine.compile_with_entrypoint(&entry.as_str().into()).map_err(|e| e.to_string())?;
         Compiler::compile_from_policy(&compiled, &[entry.as_str()]).map_err(|e| e.to_string())
     }
 
@@ -270,18 +318,21 @@ impl PolicyEngine {
 
     /// Compiles `bundle` and runs its `test_*` rules; rejects the bundle whole if any fails.
     /// Use this for bundles that replace a running one (hot reload).
+    /// A test that runs past [`EVAL_TIME_LIMIT`] refuses the bundle as out of bounds.
     pub fn compile_tested(bundle: &Bundle) -> Result<Self, PolicyError> {
         let this = Self::compile(bundle)?;
-        let failed: Vec<String> = this
-            .run_tests()
-            .into_iter()
-            .filter(|t| !t.passed)
-            .map(|t| t.name)
-            .collect();
+        let failed: Vec<TestOutcome> = this.run_tests().into_iter().filter(|t| !t.passed).collect();
+        if let Some(t) = failed.iter().find(|t| t.error.as_deref().is_some_and(is_limit_error)) {
+            return Err(PolicyError::Bound(format!(
+                "{}: {}",
+                t.name,
+                t.error.as_deref().unwrap_or_default()
+            )));
+        }
         if failed.is_empty() {
             Ok(this)
         } else {
-            Err(PolicyError::TestBundle(failed.join(", ")))
+            Err(PolicyError::TestBundle(failed.into_iter().map(|t| t.name).collect::<Vec<_>>().join(", ")))
         }
     }
 
@@ -297,8 +348,17 @@ impl PolicyEngine {
 
     /// The enforcement mode of `rule` at `point` (default [`Mode::Deny`]).
     pub fn mode(&self, point: DecisionPoint, rule: Option<&str>) -> Mode {
+        self.explicit_mode(point, rule).unwrap_or_default()
+    }
+
+    /// The enforcement mode the bundle's data sets for `rule` at `point`, if it sets one.
+    pub fn explicit_mode(&self, point: DecisionPoint, rule: Option<&str>) -> Option<Mode> {
         rule.and_then(|r| self.enforcement.get(&point)?.get(r).copied())
-            .unwrap_or_default()
+    }
+
+    /// True when the bundle defines `point`'s package.
+    pub fn defines(&self, point: DecisionPoint) -> bool {
+        self.points.contains(&point)
     }
 
     /// Evaluates `deny` (and `warn`) of `point` for `input`. Never fails: a missing package or
@@ -329,17 +389,14 @@ impl PolicyEngine {
             Ok((deny, warn)) => {
                 match messages(&deny) {
                     Some(m) => out.deny = m,
-                    None => {
-                        out.error = Some(format!("{} is not a set of strings: {deny}", deny_path()))
-                    }
+                    None => out.error = Some(format!("{} is not a set of strings: {deny}", deny_path())),
                 }
                 match warn {
                     None | Some(regorus::Value::Undefined) => {}
                     Some(w) => match messages(&w) {
                         Some(m) => out.warn = m,
                         None if out.error.is_none() => {
-                            out.error =
-                                Some(format!("{} is not a set of strings: {w}", warn_path()));
+                            out.error = Some(format!("{} is not a set of strings: {w}", warn_path()));
                         }
                         None => {}
                     },
@@ -376,10 +433,7 @@ impl PolicyEngine {
             result
         })?;
         let [deny_key, warn_key] = &self.result_keys;
-        let warn = self
-            .has_warn
-            .contains(&point)
-            .then(|| decision[warn_key].clone());
+        let warn = self.has_warn.contains(&point).then(|| decision[warn_key].clone());
         Ok((decision[deny_key].clone(), warn))
     }
 
@@ -390,9 +444,9 @@ impl PolicyEngine {
     fn new_vm(&self, program: &Arc<Program>) -> Result<RegoVM, String> {
         let mut vm = RegoVM::new();
         vm.set_max_instructions(MAX_INSTRUCTIONS);
+        vm.set_execution_timer_config(Some(timer()));
         vm.load_program(program.clone());
-        vm.set_data(self.data.clone())
-            .map_err(|e| format!("loading data: {e}"))?;
+        vm.set_data(self.data.clone()).map_err(|e| format!("loading data: {e}"))?;
         Ok(vm)
     }
 
@@ -403,8 +457,7 @@ impl PolicyEngine {
         input: regorus::Value,
     ) -> Result<regorus::Value, String> {
         vm.set_input(input);
-        vm.execute_entry_point_by_index(0)
-            .map_err(|e| format!("{}.deny: {e}", point.package()))
+        vm.execute_entry_point_by_index(0).map_err(|e| format!("{}.deny: {e}", point.package()))
     }
 
     fn run_interpreter(
@@ -415,15 +468,9 @@ impl PolicyEngine {
     ) -> Result<(regorus::Value, Option<regorus::Value>), String> {
         let mut engine = self.engine.clone();
         engine.set_input(input);
-        let d = engine
-            .eval_rule(deny.to_string())
-            .map_err(|e| format!("{deny}: {e}"))?;
+        let d = engine.eval_rule(deny.to_string()).map_err(|e| format!("{deny}: {e}"))?;
         let w = match warn {
-            Some(w) => Some(
-                engine
-                    .eval_rule(w.to_string())
-                    .map_err(|e| format!("{w}: {e}"))?,
-            ),
+            Some(w) => Some(engine.eval_rule(w.to_string()).map_err(|e| format!("{w}: {e}"))?),
             None => None,
         };
         Ok((d, w))
@@ -431,25 +478,12 @@ impl PolicyEngine {
 
     /// Evaluates an arbitrary query (a rule, a package, or `data`) for `input`, as
     /// `opa eval -d DIR -i FILE QUERY` does. An undefined result is JSON `null`.
-    pub fn query(
-        &self,
-        path: &str,
-        input: &serde_json::Value,
-    ) -> Result<serde_json::Value, PolicyError> {
-        let err = |message: String| PolicyError::Evaluate {
-            path: path.to_string(),
-            message,
-        };
+    pub fn query(&self, path: &str, input: &serde_json::Value) -> Result<serde_json::Value, PolicyError> {
+        let err = |message: String| PolicyError::Evaluate { path: path.to_string(), message };
         let mut engine = self.engine.clone();
         engine.set_input(to_rego(input).map_err(|e| err(format!("converting input: {e}")))?);
-        let results = engine
-            .eval_query(path.to_string(), false)
-            .map_err(|e| err(e.to_string()))?;
-        let Some(value) = results
-            .result
-            .first()
-            .and_then(|r| r.expressions.first())
-            .map(|e| e.value.clone())
+        let results = engine.eval_query(path.to_string(), false).map_err(|e| err(e.to_string()))?;
+        let Some(value) = results.result.first().and_then(|r| r.expressions.first()).map(|e| e.value.clone())
         else {
             return Ok(serde_json::Value::Null);
         };
@@ -470,11 +504,7 @@ impl PolicyEngine {
                         passed: v == regorus::Value::Bool(true),
                         error: None,
                     },
-                    Err(e) => TestOutcome {
-                        name: name.clone(),
-                        passed: false,
-                        error: Some(e.to_string()),
-                    },
+                    Err(e) => TestOutcome { name: name.clone(), passed: false, error: Some(e.to_string()) },
                 }
             })
             .collect()
@@ -492,13 +522,65 @@ fn messages(v: &regorus::Value) -> Option<Vec<String>> {
         regorus::Value::Array(a) => a.iter().collect(),
         _ => return None,
     };
-    let mut out = items
-        .into_iter()
-        .map(|i| i.as_string().ok().map(|s| s.to_string()))
-        .collect::<Option<Vec<_>>>()?;
+    let mut out =
+        items.into_iter().map(|i| i.as_string().ok().map(|s| s.to_string())).collect::<Option<Vec<_>>>()?;
     out.sort();
     out.dedup();
     Some(out)
+}
+
+/// The first of [`UNBOUNDED_BUILTINS`] that `source` names outside comments and strings.
+/// A mention (a `with … as` mock too) is refused like a call: failing closed costs nothing.
+fn unbounded_builtin(source: &str) -> Option<&'static str> {
+    let code = code_only(source);
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.';
+    UNBOUNDED_BUILTINS.into_iter().find(|name| {
+        code.match_indices(name).any(|(at, _)| {
+            let before = code[..at].chars().next_back();
+            let after = code[at + name.len()..].chars().next();
+            !before.is_some_and(ident) && !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+    })
+}
+
+/// `source` with comments and the contents of string literals blanked out.
+fn code_only(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut chars = source.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '#' => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        out.push('\n');
+                        break;
+                    }
+                }
+            }
+            '"' => {
+                out.push(' ');
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        _ => {}
+                    }
+                }
+            }
+            '`' => {
+                out.push(' ');
+                for c in chars.by_ref() {
+                    if c == '`' {
+                        break;
+                    }
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Names of top-level `test_*` rules: a rule head starts in column 0 of a module.
@@ -506,11 +588,7 @@ fn test_rule_names(source: &str) -> Vec<String> {
     source
         .lines()
         .filter(|l| l.starts_with("test_"))
-        .map(|l| {
-            l.chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect::<String>()
-        })
+        .map(|l| l.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>())
         .collect()
 }
 
@@ -518,33 +596,25 @@ fn read_enforcement(
     engine: &regorus::Engine,
 ) -> Result<BTreeMap<DecisionPoint, BTreeMap<String, Mode>>, PolicyError> {
     let bad = |m: String| PolicyError::CompileBundle(format!("enforcement data: {m}"));
-    let data = engine
-        .get_data()
-        .to_json_str()
-        .map_err(|e| bad(e.to_string()))?;
+    let data = engine.get_data().to_json_str().map_err(|e| bad(e.to_string()))?;
     let data: serde_json::Value = serde_json::from_str(&data).map_err(|e| bad(e.to_string()))?;
     let mut out = BTreeMap::new();
     let Some(table) = data.pointer("/stateward/config/enforcement") else {
         return Ok(out);
     };
-    let table = table
-        .as_object()
-        .ok_or_else(|| bad("not an object".into()))?;
+    let table = table.as_object().ok_or_else(|| bad("not an object".into()))?;
     for (point_name, rules) in table {
         let point = DecisionPoint::ALL
             .into_iter()
             .find(|p| p.name() == point_name)
             .ok_or_else(|| bad(format!("unknown decision point {point_name}")))?;
-        let rules = rules
-            .as_object()
-            .ok_or_else(|| bad(format!("{point_name}: not an object")))?;
+        let rules = rules.as_object().ok_or_else(|| bad(format!("{point_name}: not an object")))?;
         let mut modes = BTreeMap::new();
         for (rule, mode) in rules {
-            let mode = mode.as_str().and_then(Mode::parse).ok_or_else(|| {
-                bad(format!(
-                    "{point_name}.{rule}: mode must be deny, warn or dryrun"
-                ))
-            })?;
+            let mode = mode
+                .as_str()
+                .and_then(Mode::parse)
+                .ok_or_else(|| bad(format!("{point_name}.{rule}: mode must be deny, warn or dryrun")))?;
             modes.insert(rule.clone(), mode);
         }
         out.insert(point, modes);
@@ -559,20 +629,13 @@ mod tests {
     use crate::policy::bundle::BundleFile;
 
     fn engine(limit: u64) -> PolicyEngine {
-        let file = |name: &str, contents: String| BundleFile {
-            name: name.into(),
-            contents,
-        };
+        let file = |name: &str, contents: String| BundleFile { name: name.into(), contents };
         let bundle = Bundle::from_files([
             file(
                 "g.rego",
-                "package stateward.guardrails\n\ndeny contains \"over\" if input.n > data.limit\n"
-                    .into(),
+                "package stateward.guardrails\n\ndeny contains \"over\" if input.n > data.limit\n".into(),
             ),
-            file(
-                "p.rego",
-                "package stateward.plugins\n\ndeny contains \"odd\" if input.n % 2 == 1\n".into(),
-            ),
+            file("p.rego", "package stateward.plugins\n\ndeny contains \"odd\" if input.n % 2 == 1\n".into()),
             file("data.json", format!("{{\"limit\": {limit}}}")),
         ])
         .unwrap();
@@ -602,10 +665,9 @@ mod tests {
         for input in inputs.iter().chain(inputs.iter().rev()) {
             let warm = engine.evaluate(DecisionPoint::Guardrails, input);
             let (engine, input) = (engine.clone(), input.clone());
-            let cold =
-                std::thread::spawn(move || engine.evaluate(DecisionPoint::Guardrails, &input))
-                    .join()
-                    .unwrap();
+            let cold = std::thread::spawn(move || engine.evaluate(DecisionPoint::Guardrails, &input))
+                .join()
+                .unwrap();
             assert_eq!((warm.deny, warm.error), (cold.deny, cold.error));
         }
     }
@@ -617,19 +679,10 @@ mod tests {
         let (low, high) = (engine(1), engine(10));
         let input = serde_json::json!({"n": 5});
         for _ in 0..3 {
-            assert_eq!(
-                low.evaluate(DecisionPoint::Guardrails, &input).deny,
-                ["over"]
-            );
-            assert!(high
-                .evaluate(DecisionPoint::Guardrails, &input)
-                .deny
-                .is_empty());
+            assert_eq!(low.evaluate(DecisionPoint::Guardrails, &input).deny, ["over"]);
+            assert!(high.evaluate(DecisionPoint::Guardrails, &input).deny.is_empty());
             assert_eq!(high.evaluate(DecisionPoint::Plugins, &input).deny, ["odd"]);
-            assert!(low
-                .evaluate(DecisionPoint::Guardrails, &serde_json::json!({"n": 0}))
-                .deny
-                .is_empty());
+            assert!(low.evaluate(DecisionPoint::Guardrails, &serde_json::json!({"n": 0})).deny.is_empty());
         }
         assert!(low.rvm_fallbacks().is_empty() && high.rvm_fallbacks().is_empty());
     }

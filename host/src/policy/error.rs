@@ -34,6 +34,10 @@ pub enum PolicyError {
     /// The bundle parsed but does not compile, or its configuration is invalid.
     #[error("compiling policy bundle: {0}")]
     CompileBundle(String),
+    /// The bundle breaks an evaluation bound: it calls a builtin sized by its argument, or an
+    /// evaluation (first evaluation, a test) ran past its time limit. Refused like a broken one.
+    #[error("policy bundle breaks an evaluation bound: {0}")]
+    Bound(String),
     /// The bundle compiled but some of its `test_*` rules fail: the bundle is rejected whole.
     #[error("policy bundle tests failed: {0}")]
     TestBundle(String),
@@ -83,6 +87,7 @@ impl PolicyError {
             Self::ParsePolicy { .. } => "parse_policy",
             Self::LoadData { .. } => "load_data",
             Self::CompileBundle(_) => "compile_bundle",
+            Self::Bound(_) => "bound",
             Self::TestBundle(_) => "test_bundle",
             Self::Evaluate { .. } => "evaluate",
             Self::ReadInput { .. } => "read_input",

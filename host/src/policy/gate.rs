@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::audit::{AuditLog, DecisionRecord};
-use super::engine::{rule_id, DecisionPoint, Evaluation, Mode, PolicyEngine};
+use super::engine::{DecisionPoint, Mode, PolicyEngine};
+use super::floor::{self, Layered};
+use crate::policy_input::{self, AdmissionRequest, PlanAuthor, PlannedAction, PluginLoad};
 
 /// Who and what a decision belongs to, for the audit log.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,82 +22,14 @@ pub struct DecisionContext {
     pub requested_by: String,
 }
 
-/// A Kubernetes kind, as plugins declare the kinds they own.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KindRef {
-    /// e.g. `apps/v1`.
-    #[serde(rename = "apiVersion")]
-    pub api_version: String,
-    /// e.g. `StatefulSet`.
-    pub kind: String,
-}
-
-/// The plugin whose plan is checked.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PluginRef {
-    /// Plugin name.
-    pub name: String,
-    /// Plugin version.
-    pub version: String,
-    /// `sha256:<hex>` of the component.
-    pub digest: String,
-    /// Kinds the plugin declares it owns (policy input `plugin.owns`).
-    pub owns: Vec<KindRef>,
-}
-
-/// One action of a plan, independent of wasmtime types. `object` is Kubernetes-shaped: an
-/// apply carries the object, a delete `{apiVersion, kind, metadata:{name}}`, an ensure-secret
-/// `{apiVersion:"v1", kind:"Secret", metadata:{name, labels}}`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PlannedAction {
-    /// `apply`, `delete` or `ensure-secret`.
-    pub verb: String,
-    /// The object acted on.
-    pub object: Value,
-}
-
-/// The admission request's essentials (policy input of `stateward.admission`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AdmissionRequest {
-    /// `CREATE`, `UPDATE`, `DELETE`.
-    pub operation: String,
-    /// The requesting user.
-    pub user_info: UserInfo,
-    /// The new object (`null` on DELETE).
-    #[serde(default)]
-    pub object: Value,
-    /// The old object (`null` on CREATE).
-    #[serde(default)]
-    pub old_object: Value,
-    /// Whether the request is a dry run.
-    #[serde(default)]
-    pub dry_run: bool,
-}
-
-/// The requesting user of an admission request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UserInfo {
-    /// User name.
-    pub username: String,
-    /// Groups, e.g. `stateward:admins`.
-    #[serde(default)]
-    pub groups: Vec<String>,
-}
-
-/// A plugin build about to load (policy input of `stateward.plugins`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PluginLoad {
-    /// Plugin name.
-    pub name: String,
-    /// Plugin version.
-    pub version: String,
-    /// `sha256:<hex>` of the component.
-    pub digest: String,
-    /// Component size in bytes.
-    pub size: u64,
-    /// Kinds it declares.
-    pub kinds: Vec<KindRef>,
+impl DecisionContext {
+    /// A decision asked for by `requested_by` (empty: the gate's default) from inside the
+    /// caller's current span, whose trace and span ids the audit record will carry (none when
+    /// untraced). Take it where the span is current: not inside a blocking task.
+    pub fn in_current_span(requested_by: impl Into<String>) -> Self {
+        let (trace_id, span_id) = crate::telemetry::otel::current_ids().unwrap_or_default();
+        Self { trace_id, span_id, requested_by: requested_by.into() }
+    }
 }
 
 /// The enforced outcome of one decision.
@@ -153,12 +86,7 @@ impl PlanVerdict {
     pub fn denials(&self) -> Vec<(String, String)> {
         self.actions
             .iter()
-            .flat_map(|a| {
-                a.verdict
-                    .denied
-                    .iter()
-                    .map(|m| (a.target.clone(), m.clone()))
-            })
+            .flat_map(|a| a.verdict.denied.iter().map(|m| (a.target.clone(), m.clone())))
             .collect()
     }
 
@@ -166,39 +94,18 @@ impl PlanVerdict {
     pub fn warnings(&self) -> Vec<(String, String)> {
         self.actions
             .iter()
-            .flat_map(|a| {
-                a.verdict
-                    .warned
-                    .iter()
-                    .map(|m| (a.target.clone(), m.clone()))
-            })
+            .flat_map(|a| a.verdict.warned.iter().map(|m| (a.target.clone(), m.clone())))
             .collect()
     }
 }
 
-/// Builds the guardrails `resource` block `{apiVersion, kind, namespace, name, generation,
-/// spec}` from a full custom resource.
-pub fn resource_input(cr: &Value) -> Value {
-    let meta = |k: &str| {
-        cr.pointer(&format!("/metadata/{k}"))
-            .cloned()
-            .unwrap_or(Value::Null)
-    };
-    json!({
-        "apiVersion": cr.get("apiVersion").cloned().unwrap_or(Value::Null),
-        "kind": cr.get("kind").cloned().unwrap_or(Value::Null),
-        "namespace": meta("namespace"),
-        "name": meta("name"),
-        "generation": meta("generation"),
-        "spec": cr.get("spec").cloned().unwrap_or(Value::Null),
-    })
-}
-
-/// An immutable engine plus its audit log. Cheap to clone and share; replace the whole gate
-/// (e.g. behind an `ArcSwap`) when a new bundle is accepted.
+/// The floor engine, the hot-loaded layer if any ([`floor`]), and the audit log. Cheap to
+/// clone and share; replace the whole gate when a new bundle is accepted.
 #[derive(Debug, Clone)]
 pub struct Gate {
     engine: Arc<PolicyEngine>,
+    layer: Option<Arc<PolicyEngine>>,
+    digest: String,
     audit: Arc<AuditLog>,
 }
 
@@ -226,25 +133,39 @@ impl LiveGate {
 impl Gate {
     /// A gate deciding with `engine` and recording to `audit`.
     pub fn new(engine: Arc<PolicyEngine>, audit: Arc<AuditLog>) -> Self {
-        Self { engine, audit }
+        let digest = engine.digest().to_string();
+        Self { engine, layer: None, digest, audit }
     }
 
-    /// A gate deciding with another engine into the same audit log (a reloaded bundle).
-    pub fn with_engine(&self, engine: Arc<PolicyEngine>) -> Self {
-        Self { engine, audit: Arc::clone(&self.audit) }
+    /// The same floor and audit log with `layer` (a hot-loaded bundle) added, or with none
+    /// (the floor alone again).
+    pub fn with_layer(&self, layer: Option<Arc<PolicyEngine>>) -> Self {
+        let digest = floor::digest(&self.engine, layer.as_deref());
+        Self { engine: Arc::clone(&self.engine), layer, digest, audit: Arc::clone(&self.audit) }
     }
 
-    /// The engine (for its digest, e.g. on `/debug/healthz`).
+    /// The floor engine: the bundle the operator started with.
     pub fn engine(&self) -> &Arc<PolicyEngine> {
         &self.engine
     }
 
+    /// The hot-loaded layer in force, if any.
+    pub fn layer(&self) -> Option<&Arc<PolicyEngine>> {
+        self.layer.as_ref()
+    }
+
+    /// The digest decisions are recorded under (the floor's, or both layers' together), e.g.
+    /// on `/debug/healthz`.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
     /// Checks every action of a plugin's plan against `stateward.guardrails`, one audited
-    /// decision per action. `resource` is the block built by [`resource_input`].
+    /// decision per action. `resource` is the block built by [`policy_input::resource`].
     pub fn check_plan(
         &self,
         ctx: &DecisionContext,
-        plugin: &PluginRef,
+        plugin: &PlanAuthor,
         resource: &Value,
         actions: &[PlannedAction],
     ) -> PlanVerdict {
@@ -253,31 +174,27 @@ impl Gate {
         } else {
             ctx.requested_by.clone()
         };
-        let plugin_json = json!({
-            "name": plugin.name, "version": plugin.version, "digest": plugin.digest, "owns": plugin.owns,
-        });
+        let plugin_json = plugin.document();
         let mut actions: Vec<ActionVerdict> = actions
             .iter()
             .enumerate()
             .map(|(index, a)| {
-                let input = json!({
-                    "plugin": plugin_json,
-                    "resource": resource,
-                    "action": {"verb": a.verb, "object": a.object},
-                });
+                let input = policy_input::guardrails(&plugin_json, resource, a);
                 let s = |p: &str| a.object.pointer(p).and_then(Value::as_str).unwrap_or("");
                 ActionVerdict {
                     index,
                     verb: a.verb.clone(),
-                    target: format!(
-                        "{}/{}/{}",
-                        s("/apiVersion"),
-                        s("/kind"),
-                        s("/metadata/name")
-                    ),
+                    target: format!("{}/{}/{}", s("/apiVersion"), s("/kind"), s("/metadata/name")),
                     verdict: {
-                        let ev = self.engine.evaluate(DecisionPoint::Guardrails, &input);
-                        self.enforce_and_audit(ctx, &requested_by, DecisionPoint::Guardrails, &input, ev, false)
+                        let ev = self.evaluate(DecisionPoint::Guardrails, &input);
+                        self.enforce_and_audit(
+                            ctx,
+                            &requested_by,
+                            DecisionPoint::Guardrails,
+                            &input,
+                            ev,
+                            false,
+                        )
                     },
                 }
             })
@@ -292,6 +209,67 @@ impl Gate {
         PlanVerdict { actions }
     }
 
+    /// Records what came of a request the guardrails allowed (a plan's `exec` or `http`):
+    /// `request` names it as its decision's input did, `outcome` says how it ended (exit code
+    /// or status, error, sizes and a digest of the output, never the output itself). It is a
+    /// record of the guardrails decision point without an evaluation.
+    pub fn record_outcome(&self, requested_by: &str, request: &Value, outcome: Value) -> Result<(), String> {
+        let decision_id = uuid::Uuid::new_v4().to_string();
+        let rec = DecisionRecord {
+            decision_id: &decision_id,
+            point: DecisionPoint::Guardrails,
+            input: request,
+            result: json!({ "outcome": outcome }),
+            error: None,
+            bundle_digest: &self.digest,
+            trace_id: "",
+            span_id: "",
+            requested_by,
+            eval_ns: 0,
+        };
+        self.audit.append(&rec).map(drop).map_err(|e| e.to_string())
+    }
+
+    /// Records a plan the host refused before asking policy (too many requests, too much
+    /// input, malformed, an undeclared kind…): a record of the guardrails decision point without
+    /// an evaluation, denied by the host with `reason`. `label` is the refusal's short name.
+    pub fn record_refusal(
+        &self,
+        ctx: &DecisionContext,
+        plugin: &PlanAuthor,
+        resource: &Value,
+        label: &str,
+        reason: &str,
+    ) -> Result<(), String> {
+        let requested_by = if ctx.requested_by.is_empty() {
+            format!("plugin/{}", plugin.name)
+        } else {
+            ctx.requested_by.clone()
+        };
+        let decision_id = uuid::Uuid::new_v4().to_string();
+        let input = json!({
+            "plugin": plugin.document(),
+            "resource": resource,
+            "action": {"verb": "plan", "refused": label},
+        });
+        let rec = DecisionRecord {
+            decision_id: &decision_id,
+            point: DecisionPoint::Guardrails,
+            input: &input,
+            result: json!({
+                "refusedBy": "host",
+                "enforced": {"allowed": false, "denied": [format!("host-refused: {reason}")]},
+            }),
+            error: None,
+            bundle_digest: &self.digest,
+            trace_id: &ctx.trace_id,
+            span_id: &ctx.span_id,
+            requested_by: &requested_by,
+            eval_ns: 0,
+        };
+        self.audit.append(&rec).map(drop).map_err(|e| e.to_string())
+    }
+
     /// Decides an admission request with `stateward.admission`.
     pub fn admit(&self, ctx: &DecisionContext, req: &AdmissionRequest) -> Verdict {
         let requested_by = if ctx.requested_by.is_empty() {
@@ -299,36 +277,14 @@ impl Gate {
         } else {
             ctx.requested_by.clone()
         };
-        self.decide_serialized(ctx, &requested_by, DecisionPoint::Admission, req)
+        self.decide(ctx, &requested_by, DecisionPoint::Admission, &req.document(None))
     }
 
     /// Decides whether a plugin build may load with `stateward.plugins`.
     pub fn plugin_load(&self, ctx: &DecisionContext, load: &PluginLoad) -> Verdict {
-        let requested_by = if ctx.requested_by.is_empty() {
-            "stateward".to_string()
-        } else {
-            ctx.requested_by.clone()
-        };
-        self.decide_serialized(ctx, &requested_by, DecisionPoint::Plugins, load)
-    }
-
-    fn decide_serialized<T: Serialize>(
-        &self,
-        ctx: &DecisionContext,
-        requested_by: &str,
-        point: DecisionPoint,
-        input: &T,
-    ) -> Verdict {
-        match serde_json::to_value(input) {
-            Ok(input) => self.decide(ctx, requested_by, point, &input),
-            Err(e) => {
-                let ev = Evaluation {
-                    error: Some(format!("encoding input: {e}")),
-                    ..Evaluation::default()
-                };
-                self.enforce_and_audit(ctx, requested_by, point, &Value::Null, ev, true)
-            }
-        }
+        let requested_by =
+            if ctx.requested_by.is_empty() { "stateward".to_string() } else { ctx.requested_by.clone() };
+        self.decide(ctx, &requested_by, DecisionPoint::Plugins, &load.document())
     }
 
     /// Evaluates `point` for `input`, applies enforcement modes and audits the decision.
@@ -339,8 +295,12 @@ impl Gate {
         point: DecisionPoint,
         input: &Value,
     ) -> Verdict {
-        let ev = self.engine.evaluate(point, input);
+        let ev = self.evaluate(point, input);
         self.enforce_and_audit(ctx, requested_by, point, input, ev, true)
+    }
+
+    fn evaluate(&self, point: DecisionPoint, input: &Value) -> Layered {
+        floor::evaluate(&self.engine, self.layer.as_deref(), point, input)
     }
 
     fn enforce_and_audit(
@@ -349,9 +309,10 @@ impl Gate {
         requested_by: &str,
         point: DecisionPoint,
         input: &Value,
-        ev: Evaluation,
+        layered: Layered,
         sync: bool,
     ) -> Verdict {
+        let Layered { evaluation: ev, modes } = layered;
         let mut v = Verdict {
             decision_id: uuid::Uuid::new_v4().to_string(),
             point,
@@ -360,11 +321,11 @@ impl Gate {
             dryrun: Vec::new(),
             error: ev.error.clone(),
         };
-        for msg in &ev.deny {
-            match self.engine.mode(point, rule_id(msg)) {
-                Mode::Deny => v.denied.push(msg.clone()),
-                Mode::Warn => v.warned.push(msg.clone()),
-                Mode::Dryrun => v.dryrun.push(msg.clone()),
+        for (msg, mode) in modes {
+            match mode {
+                Mode::Deny => v.denied.push(msg),
+                Mode::Warn => v.warned.push(msg),
+                Mode::Dryrun => v.dryrun.push(msg),
             }
         }
         v.warned.extend(ev.warn.iter().cloned());
@@ -387,7 +348,7 @@ impl Gate {
             input,
             result,
             error: ev.error.as_deref(),
-            bundle_digest: self.engine.digest(),
+            bundle_digest: &self.digest,
             trace_id: &ctx.trace_id,
             span_id: &ctx.span_id,
             requested_by,

@@ -41,10 +41,7 @@ fn shared_member(slot: usize, v: &serde_json::Value) -> regorus::Value {
             return to_rego_value(v);
         };
         if shared.len() <= slot {
-            shared.resize(
-                SHARED_MEMBERS.len(),
-                (serde_json::Value::Null, regorus::Value::Null),
-            );
+            shared.resize(SHARED_MEMBERS.len(), (serde_json::Value::Null, regorus::Value::Null));
         }
         let (json, value) = &mut shared[slot];
         if !same_json(json, v) {
@@ -66,14 +63,9 @@ fn same_json(a: &serde_json::Value, b: &serde_json::Value) -> bool {
             x == y && (!x.is_f64() || x.as_f64().map(f64::to_bits) == y.as_f64().map(f64::to_bits))
         }
         (J::String(x), J::String(y)) => x == y,
-        (J::Array(x), J::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same_json(a, b))
-        }
+        (J::Array(x), J::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same_json(a, b)),
         (J::Object(x), J::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .zip(y)
-                    .all(|((ka, a), (kb, b))| ka == kb && same_json(a, b))
+            x.len() == y.len() && x.iter().zip(y).all(|((ka, a), (kb, b))| ka == kb && same_json(a, b))
         }
         _ => false,
     }
@@ -94,9 +86,7 @@ fn to_rego_value(v: &serde_json::Value) -> regorus::Value {
             (None, None) => regorus::Value::from(n.as_f64().unwrap_or(f64::NAN)),
         },
         J::String(s) => regorus::Value::from(s.as_str()),
-        J::Array(items) => {
-            regorus::Value::from(items.iter().map(to_rego_value).collect::<Vec<_>>())
-        }
+        J::Array(items) => regorus::Value::from(items.iter().map(to_rego_value).collect::<Vec<_>>()),
         J::Object(map) => {
             let mut object = BTreeMap::new();
             for (k, v) in map {

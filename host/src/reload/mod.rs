@@ -1,5 +1,6 @@
-//! Hot reload from ConfigMaps in the operator's namespace (DESIGN.md §5–6): plugin builds
-//! (`stateward.dev/plugin=<name>`) and the policy bundle (`stateward.dev/policy=true`).
+//! Hot reload from ConfigMaps in the operator's namespace (docs/architecture.md, The three
+//! decision points and Threat model): plugin builds (`stateward.dev/plugin=<name>`) and the
+//! policy bundle (`stateward.dev/policy=true`).
 //!
 //! A new build or bundle is vetted completely before it replaces anything; any failure keeps
 //! the previous one serving and says why (a Warning Event on the ConfigMap, a failure metric,
@@ -21,7 +22,7 @@ use serde_json::json;
 use tokio::sync::{broadcast, watch};
 
 use crate::leader::Leadership;
-use crate::policy::{Bundle, LiveGate};
+use crate::policy::{Bundle, LiveGate, PolicyEngine};
 use crate::runtime::{LiveRegistry, Plugin, Sandbox};
 use crate::telemetry::{DebugState, Metrics};
 
@@ -37,18 +38,18 @@ pub enum Swap {
 #[derive(Clone)]
 pub struct Reloader {
     pub client: Client,
+    /// The child caches: a build's owned kinds are added before it serves.
+    pub children: crate::children::Children,
     /// The operator's own namespace, where the ConfigMaps live.
     pub namespace: String,
     pub sandbox: Arc<Sandbox>,
     pub registry: Arc<LiveRegistry>,
     pub gate: Arc<LiveGate>,
-    /// The bundle that serves when no policy ConfigMap exists.
-    pub shipped_bundle: Bundle,
     pub metrics: Metrics,
     pub debug: DebugState,
     pub leadership: Leadership,
     /// Events on the ConfigMaps, deduplicated like the custom resources' Events.
-    pub events: Arc<crate::controller::events::Publisher>,
+    pub events: Arc<crate::telemetry::events::Publisher>,
     pub swaps: broadcast::Sender<Swap>,
 }
 
@@ -70,7 +71,10 @@ impl Reloader {
         synced_rx
     }
 
-    fn configmaps(&self, label: &str) -> impl futures::Stream<Item = Result<watcher::Event<ConfigMap>, watcher::Error>> + Send {
+    fn configmaps(
+        &self,
+        label: &str,
+    ) -> impl futures::Stream<Item = Result<watcher::Event<ConfigMap>, watcher::Error>> + Send {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
         watcher(api, watcher::Config::default().labels(label)).default_backoff()
     }
@@ -92,7 +96,9 @@ impl Reloader {
                     }
                     self.plugin_configmap(&cm, &mut seen, &mut active, &mut rejected).await;
                 }
-                Ok(watcher::Event::Delete(cm)) => self.plugin_configmap_gone(&cm.name_any(), &mut seen, &mut active, &mut rejected),
+                Ok(watcher::Event::Delete(cm)) => {
+                    self.plugin_configmap_gone(&cm.name_any(), &mut seen, &mut active, &mut rejected)
+                }
                 Ok(watcher::Event::InitDone) => {
                     let present = listing.take().unwrap_or_default();
                     let gone: Vec<String> = seen.keys().filter(|n| !present.contains(n)).cloned().collect();
@@ -116,39 +122,88 @@ impl Reloader {
         let cm_name = cm.name_any();
         let name = cm.labels().get(plugins::PLUGIN_LABEL).cloned().unwrap_or_default();
         // The annotation and the bytes' own digest: any change to either is vetted again.
-        let bytes = cm.binary_data.as_ref().and_then(|d| d.get(plugins::WASM_KEY)).map(|b| b.0.as_slice()).unwrap_or_default();
-        let fingerprint = (name.clone(), format!("{} {}", cm.annotations().get(plugins::DIGEST_ANNOTATION).map_or("", String::as_str), plugins::digest_of(bytes)));
+        let bytes = cm
+            .binary_data
+            .as_ref()
+            .and_then(|d| d.get(plugins::WASM_KEY))
+            .map(|b| b.0.as_slice())
+            .unwrap_or_default();
+        let fingerprint = (
+            name.clone(),
+            format!(
+                "{} {}",
+                cm.annotations().get(plugins::DIGEST_ANNOTATION).map_or("", String::as_str),
+                plugins::digest_of(bytes)
+            ),
+        );
         if seen.get(&cm_name) == Some(&fingerprint) {
             return; // a relist or a metadata-only change: nothing new to load
         }
         seen.insert(cm_name.clone(), fingerprint);
         let started = std::time::Instant::now();
-        let (cm2, sandbox, gate, registry) = (cm.clone(), Arc::clone(&self.sandbox), self.gate.current(), Arc::clone(&self.registry));
+        let (cm2, sandbox, gate, registry) =
+            (cm.clone(), Arc::clone(&self.sandbox), self.gate.current(), Arc::clone(&self.registry));
         let vetted = tokio::task::spawn_blocking(move || plugins::vet(&cm2, &sandbox, &gate, &registry))
             .await
-            .unwrap_or_else(|e| Err(plugins::Rejection { plugin: name.clone(), reason: "internal", message: e.to_string() }));
+            .unwrap_or_else(|e| {
+                Err(plugins::Rejection { plugin: name.clone(), reason: "internal", message: e.to_string() })
+            });
+        // The kinds it owns must be cached (known to the API server, namespaced, listable)
+        // before it may plan for them.
+        let vetted = match vetted {
+            Ok(plugin) => match self.children.ensure(owned_kinds(&plugin)).await {
+                Ok(added) => Ok((plugin, added)),
+                Err(e) => Err(plugins::Rejection {
+                    plugin: plugin.name().to_string(),
+                    reason: "unwatchable_kind",
+                    message: e.to_string(),
+                }),
+            },
+            Err(rejection) => Err(rejection),
+        };
         match vetted {
-            Ok(plugin) => {
+            Ok((plugin, new_child_kinds)) => {
                 rejected.remove(&cm_name);
                 active.insert(plugin.name().to_string(), cm_name.clone());
-                self.swap(Arc::new(plugin), &cm_name, started.elapsed());
-                self.event(cm, EventType::Normal, "PluginLoaded", &format!("loaded from binaryData[\"{}\"]", plugins::WASM_KEY)).await;
+                self.swap(Arc::new(plugin), &cm_name, started.elapsed(), new_child_kinds);
+                self.event(
+                    cm,
+                    EventType::Normal,
+                    "PluginLoaded",
+                    &format!("loaded from binaryData[\"{}\"]", plugins::WASM_KEY),
+                )
+                .await;
             }
             Err(rejection) => {
                 tracing::warn!(configmap = %cm_name, plugin = %rejection.plugin, reason = rejection.reason, message = %rejection.message, "plugin rejected; the previous build keeps serving");
                 self.metrics.plugin_load_failure(&rejection.plugin, rejection.reason);
-                self.event(cm, EventType::Warning, "PluginRejected", &format!("{}: {}; the previous build keeps serving", rejection.reason, rejection.message)).await;
+                self.event(
+                    cm,
+                    EventType::Warning,
+                    "PluginRejected",
+                    &format!("{}: {}; the previous build keeps serving", rejection.reason, rejection.message),
+                )
+                .await;
                 rejected.insert(cm_name, rejection);
             }
         }
         self.publish_plugins(rejected);
     }
 
-    fn swap(&self, plugin: Arc<Plugin>, cm_name: &str, took: std::time::Duration) {
-        let new_kinds = self.registry.by_name(plugin.name()).is_none();
+    /// Serves `plugin` from now on; the controllers restart when it brings kinds (its own or
+    /// child kinds) they do not watch yet.
+    fn swap(&self, plugin: Arc<Plugin>, cm_name: &str, took: std::time::Duration, new_child_kinds: bool) {
+        let new_kinds = self.registry.by_name(plugin.name()).is_none() || new_child_kinds;
         let kinds = plugin.info().kinds.iter().map(|k| (k.group.clone(), k.kind.clone())).collect();
         self.metrics.plugin_loaded(plugin.name(), plugin.version(), plugin.digest());
-        tracing::info!(plugin = plugin.name(), version = plugin.version(), digest = plugin.digest(), configmap = cm_name, vet_ms = took.as_millis() as u64, "plugin swapped in");
+        tracing::info!(
+            plugin = plugin.name(),
+            version = plugin.version(),
+            digest = plugin.digest(),
+            configmap = cm_name,
+            vet_ms = took.as_millis() as u64,
+            "plugin swapped in"
+        );
         self.registry.set_override(plugin);
         let _ = self.swaps.send(Swap::Plugin { kinds, new_kinds });
     }
@@ -183,11 +238,17 @@ impl Reloader {
     /// `/debug/plugins`: what serves, where it came from, and the latest rejection per ConfigMap.
     fn publish_plugins(&self, rejected: &BTreeMap<String, plugins::Rejection>) {
         let overridden = self.registry.overridden();
-        let mut list: Vec<serde_json::Value> = self.registry.snapshot().plugins().iter().map(|p| {
-            json!({"name": p.name(), "version": p.version(), "digest": format!("sha256:{}", p.digest()),
+        let mut list: Vec<serde_json::Value> = self
+            .registry
+            .snapshot()
+            .plugins()
+            .iter()
+            .map(|p| {
+                json!({"name": p.name(), "version": p.version(), "digest": format!("sha256:{}", p.digest()),
                 "source": if overridden.iter().any(|n| n == p.name()) { "configmap" } else { "builtin" },
                 "kinds": p.info().kinds.iter().map(|k| &k.kind).collect::<Vec<_>>()})
-        }).collect();
+            })
+            .collect();
         for (cm, r) in rejected {
             list.push(json!({"name": r.plugin, "configMap": cm, "rejected": {"reason": r.reason, "message": r.message}}));
         }
@@ -223,40 +284,66 @@ impl Reloader {
     }
 
     async fn apply_policy(&self, configmaps: &BTreeMap<String, ConfigMap>) {
+        // The ConfigMaps' bundle is a layer over the floor (the bundle the operator started
+        // with, crate::policy::floor); none means the floor alone.
         let bundle = match policy::bundle_of(configmaps) {
-            Ok(Some(bundle)) => bundle,
-            Ok(None) => self.shipped_bundle.clone(),
+            Ok(bundle) => bundle,
             Err(rejection) => return self.policy_rejected(configmaps, rejection).await,
         };
-        if bundle.digest() == self.gate.current().engine().digest() {
+        let current = self.gate.current().layer().map(|l| l.digest().to_string());
+        if bundle.as_ref().map(Bundle::digest) == current.as_deref() {
             return;
         }
-        let vetted = tokio::task::spawn_blocking(move || policy::vet(&bundle))
-            .await
-            .unwrap_or_else(|e| Err(policy::BundleRejection { reason: "internal", message: e.to_string() }));
+        let Some(bundle) = bundle else {
+            return self.policy_swapped(configmaps, None).await;
+        };
+        // Awaited with a timeout: a bundle that outlasts it is refused (its evaluations are
+        // bounded each, so the blocking thread ends soon after).
+        let checking = tokio::task::spawn_blocking(move || policy::vet(&bundle));
+        let vetted = match tokio::time::timeout(policy::VET_TIMEOUT, checking).await {
+            Ok(joined) => joined.unwrap_or_else(|e| {
+                Err(policy::BundleRejection { reason: "internal", message: e.to_string() })
+            }),
+            Err(_) => Err(policy::BundleRejection {
+                reason: "timeout",
+                message: format!("checking the bundle took over {:?}", policy::VET_TIMEOUT),
+            }),
+        };
         match vetted {
-            Ok(engine) => {
-                let digest = engine.digest().to_string();
-                let gate = self.gate.current().with_engine(Arc::new(engine));
-                self.gate.replace(gate);
-                self.debug.set_policy(&digest);
-                self.debug.set_policy_rejection(None);
-                self.metrics.policy_bundle_loaded(&digest);
-                tracing::info!(bundle = %digest, configmaps = %policy::names(configmaps), "policy bundle swapped in");
-                for cm in configmaps.values() {
-                    self.event(cm, EventType::Normal, "PolicyLoaded", &format!("bundle {digest} is in force")).await;
-                }
-                let _ = self.swaps.send(Swap::Policy);
-            }
+            Ok(engine) => self.policy_swapped(configmaps, Some(Arc::new(engine))).await,
             Err(rejection) => self.policy_rejected(configmaps, rejection).await,
         }
     }
 
-    async fn policy_rejected(&self, configmaps: &BTreeMap<String, ConfigMap>, rejection: policy::BundleRejection) {
-        let active = self.gate.current().engine().digest().to_string();
+    /// Puts `layer` over the floor (none: the floor alone) and says so.
+    async fn policy_swapped(
+        &self,
+        configmaps: &BTreeMap<String, ConfigMap>,
+        layer: Option<Arc<PolicyEngine>>,
+    ) {
+        let gate = self.gate.current().with_layer(layer);
+        let digest = gate.digest().to_string();
+        self.gate.replace(gate);
+        self.debug.set_policy(&digest);
+        self.debug.set_policy_rejection(None);
+        self.metrics.policy_bundle_loaded(&digest);
+        tracing::info!(bundle = %digest, configmaps = %policy::names(configmaps), "policy bundle swapped in");
+        for cm in configmaps.values() {
+            self.event(cm, EventType::Normal, "PolicyLoaded", &format!("bundle {digest} is in force")).await;
+        }
+        let _ = self.swaps.send(Swap::Policy);
+    }
+
+    async fn policy_rejected(
+        &self,
+        configmaps: &BTreeMap<String, ConfigMap>,
+        rejection: policy::BundleRejection,
+    ) {
+        let active = self.gate.current().digest().to_string();
         tracing::warn!(reason = rejection.reason, message = %rejection.message, active = %active, "policy bundle rejected; the last good bundle stays in force");
         self.metrics.policy_bundle_failure(rejection.reason);
-        self.debug.set_policy_rejection(Some(json!({"reason": rejection.reason, "message": rejection.message})));
+        self.debug
+            .set_policy_rejection(Some(json!({"reason": rejection.reason, "message": rejection.message})));
         for cm in configmaps.values() {
             let note = format!("{}: {}; bundle {active} stays in force", rejection.reason, rejection.message);
             self.event(cm, EventType::Warning, "PolicyRejected", &note).await;
@@ -269,4 +356,9 @@ impl Reloader {
             self.events.publish(&cm.object_ref(&()), type_, reason, note, "Reload").await;
         }
     }
+}
+
+/// The child kinds a plugin owns, as the caches key them.
+pub fn owned_kinds(plugin: &Plugin) -> Vec<(String, String)> {
+    plugin.info().owns.iter().map(|c| (c.api_version.clone(), c.kind.clone())).collect()
 }

@@ -10,8 +10,9 @@ use kube::api::ObjectMeta;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
-use crate::policy::{DecisionContext, Gate, KindRef, PluginLoad};
-use crate::runtime::{LiveRegistry, Plugin, RuntimeError, Sandbox};
+use crate::policy::{DecisionContext, Gate};
+use crate::policy_input::{ConfigMapRef, PluginLoad};
+use crate::runtime::{KindInfo, LiveRegistry, Plugin, RuntimeError, Sandbox};
 
 /// Label naming the plugin a ConfigMap carries (its value is the plugin's name).
 pub const PLUGIN_LABEL: &str = "stateward.dev/plugin";
@@ -35,17 +36,6 @@ pub struct Rejection {
 impl std::fmt::Display for Rejection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "plugin {} rejected ({}): {}", self.plugin, self.reason, self.message)
-    }
-}
-
-/// The `stateward.plugins` policy input for a loaded build (hot-loaded or built in).
-pub fn load_input(plugin: &Plugin) -> PluginLoad {
-    PluginLoad {
-        name: plugin.name().to_string(),
-        version: plugin.version().to_string(),
-        digest: format!("sha256:{}", plugin.digest()),
-        size: plugin.size() as u64,
-        kinds: kind_refs(plugin),
     }
 }
 
@@ -87,9 +77,11 @@ pub fn pack(bytes: &[u8], name: &str, namespace: &str) -> Result<ConfigMap, Stri
 /// Runs every check on the build a ConfigMap carries and returns the loaded plugin, or why
 /// it must not serve. Nothing is swapped here. Blocking: compiling a component takes time.
 ///
-/// Order: the bytes and digest first (cheap), then loading (compile or precompiled cache,
-/// imports, WIT version, `info()`), then the `stateward.plugins` policy, which needs the
-/// version and kinds that only `info()` tells, then the kinds against the build it replaces.
+/// Order: the bytes and digest first (cheap); then the `stateward.plugins` policy on what the
+/// ConfigMap alone tells (name, digest, size, labels), so a build it refuses is never compiled
+/// nor run; then loading (compile or precompiled cache, imports, WIT version, `info()`); then
+/// the policy again with the version and kinds `info()` told; then the kinds against the build
+/// it replaces.
 pub fn vet(
     cm: &ConfigMap,
     sandbox: &Arc<Sandbox>,
@@ -119,24 +111,42 @@ pub fn vet(
         }
         Some(_) => {}
     }
+    let ctx = DecisionContext::in_current_span(format!(
+        "configmap/{}/{}",
+        cm.namespace().unwrap_or_default(),
+        cm.name_any()
+    ));
+    let configmap = ConfigMapRef { name: cm.name_any(), labels: cm.labels().clone() };
+    decide(gate, &ctx, &PluginLoad::before_compile(&name, &actual, bytes.len(), configmap.clone()))
+        .map_err(|m| reject("policy_denied", m))?;
     let plugin = Plugin::load(sandbox, bytes).map_err(|e| reject(load_reason(&e), e.to_string()))?;
     if plugin.name() != name {
         return Err(reject(
             "name_mismatch",
-            format!("the component calls itself {:?} but the label {PLUGIN_LABEL} says {name:?}", plugin.name()),
+            format!(
+                "the component calls itself {:?} but the label {PLUGIN_LABEL} says {name:?}",
+                plugin.name()
+            ),
         ));
     }
-    let verdict = gate.plugin_load(
-        &DecisionContext { requested_by: format!("configmap/{}/{}", cm.namespace().unwrap_or_default(), cm.name_any()), ..DecisionContext::default() },
-        &load_input(&plugin),
-    );
-    if !verdict.allowed() {
-        let mut messages = verdict.denied.clone();
-        messages.extend(verdict.error.clone());
-        return Err(reject("policy_denied", messages.join("; ")));
-    }
+    let loaded = PluginLoad { config_map: Some(configmap), ..PluginLoad::of(&plugin, PluginLoad::CONFIGMAP) };
+    decide(gate, &ctx, &loaded).map_err(|m| reject("policy_denied", m))?;
     check_kinds(&plugin, registry).map_err(|m| reject("kind_changed", m))?;
+    if let Some(previous) = registry.by_name(plugin.name()) {
+        check_api(&previous, &plugin).map_err(|m| reject("api_changed", m))?;
+    }
     Ok(plugin)
+}
+
+/// One audited `stateward.plugins` decision; the denials (and error) when it refuses.
+fn decide(gate: &Gate, ctx: &DecisionContext, load: &PluginLoad) -> Result<(), String> {
+    let verdict = gate.plugin_load(ctx, load);
+    if verdict.allowed() {
+        return Ok(());
+    }
+    let mut messages = verdict.denied;
+    messages.extend(verdict.error);
+    Err(messages.join("; "))
 }
 
 /// A new build must serve exactly the kinds of the build it replaces; a plugin new to this
@@ -171,17 +181,48 @@ fn check_kinds(plugin: &Plugin, registry: &LiveRegistry) -> Result<(), String> {
     Ok(())
 }
 
-/// The kinds a plugin declares, as the policy input names them (`group/storageVersion`).
-pub fn kind_refs(plugin: &Plugin) -> Vec<KindRef> {
-    plugin
-        .info()
-        .kinds
-        .iter()
-        .map(|k| KindRef {
-            api_version: format!("{}/{}", k.group, k.storage_version().map_or("", |v| v.name.as_str())),
-            kind: k.kind.clone(),
-        })
-        .collect()
+/// A replacement's kinds against the running build's, each by [`same_api`].
+fn check_api(previous: &Plugin, plugin: &Plugin) -> Result<(), String> {
+    for before in &previous.info().kinds {
+        let after = plugin.info().kinds.iter().find(|k| k.group == before.group && k.kind == before.kind);
+        if let Some(after) = after {
+            same_api(before, after)?;
+        }
+    }
+    Ok(())
+}
+
+/// What the API server and the webhook configuration know of a kind must stay as the running
+/// build declared it: the plural (the CRD's name and the webhook rules' resource), the storage
+/// version (what stored objects are read as), and every served version (clients and stored
+/// objects' conversions use them). Adding a served version is fine.
+fn same_api(before: &KindInfo, after: &KindInfo) -> Result<(), String> {
+    let kind = format!("{}.{}", before.kind, before.group);
+    if before.plural != after.plural {
+        return Err(format!(
+            "{kind}: plural {:?} would become {:?}; the CRD and the webhook rules are named by it",
+            before.plural, after.plural
+        ));
+    }
+    let storage = |k: &KindInfo| k.storage_version().map(|v| v.name.clone()).unwrap_or_default();
+    if storage(before) != storage(after) {
+        return Err(format!(
+            "{kind}: storage version {:?} would become {:?}; objects are stored at it",
+            storage(before),
+            storage(after)
+        ));
+    }
+    let served = |k: &KindInfo| -> BTreeSet<String> {
+        k.versions.iter().filter(|v| v.served).map(|v| v.name.clone()).collect()
+    };
+    let dropped: Vec<String> = served(before).difference(&served(after)).cloned().collect();
+    if !dropped.is_empty() {
+        return Err(format!(
+            "{kind}: served version(s) {} would no longer be served; clients and the webhooks use them",
+            dropped.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 fn load_reason(err: &RuntimeError) -> &'static str {

@@ -1,5 +1,6 @@
 //! Policy bundles shipped in ConfigMaps: every ConfigMap labelled `stateward.dev/policy=true`
-//! contributes its `*.rego` and `*.json` keys, and together they replace the shipped bundle.
+//! contributes its `*.rego` and `*.json` keys, and together they make a layer over the policy
+//! floor (crate::policy::floor), never a replacement of it.
 
 use std::collections::BTreeMap;
 
@@ -19,7 +20,7 @@ pub struct BundleRejection {
 }
 
 /// The bundle the labelled ConfigMaps make, keyed by ConfigMap name; `None` when there are
-/// none (the shipped bundle serves). Keys are bundle file names; two ConfigMaps may not
+/// none (the floor decides alone). Keys are bundle file names; two ConfigMaps may not
 /// carry the same key.
 pub fn bundle_of(configmaps: &BTreeMap<String, ConfigMap>) -> Result<Option<Bundle>, BundleRejection> {
     if configmaps.is_empty() {
@@ -37,19 +38,22 @@ pub fn bundle_of(configmaps: &BTreeMap<String, ConfigMap>) -> Result<Option<Bund
             files.insert(key.clone(), (cm_name.clone(), contents.clone()));
         }
     }
-    let files = files
-        .into_iter()
-        .map(|(name, (_, contents))| BundleFile { name, contents });
+    let files = files.into_iter().map(|(name, (_, contents))| BundleFile { name, contents });
     Bundle::from_files(files)
         .map(Some)
         .map_err(|e| BundleRejection { reason: "invalid_bundle", message: e.to_string() })
 }
+
+/// How long checking a bundle (compile, first evaluation, tests) may take in all; each
+/// evaluation in it has its own, shorter bound ([`crate::policy::engine::EVAL_TIME_LIMIT`]).
+pub const VET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Compiles a bundle and runs its tests; any failure rejects the bundle whole.
 pub fn vet(bundle: &Bundle) -> Result<PolicyEngine, BundleRejection> {
     PolicyEngine::compile_tested(bundle).map_err(|e| {
         let reason = match e {
             PolicyError::TestBundle(_) => "tests_failed",
+            PolicyError::Bound(_) => "bound_exceeded",
             _ => "compile_failed",
         };
         BundleRejection { reason, message: e.to_string() }

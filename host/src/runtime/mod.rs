@@ -1,4 +1,4 @@
-//! The wasmtime sandbox that runs service plugins (DESIGN.md §4).
+//! The wasmtime sandbox that runs service plugins (docs/architecture.md, The WIT contract).
 //!
 //! One [`Sandbox`] (engine, linker, limits, epoch ticker) is shared by every plugin; a
 //! [`Plugin`] is a pre-linked component plus what its `info()` said; every call gets a fresh
@@ -6,6 +6,8 @@
 
 mod bindings;
 mod cache;
+mod contract;
+mod declared;
 mod error;
 mod host_state;
 mod plan;
@@ -13,15 +15,18 @@ mod plugin;
 mod registry;
 mod sandbox;
 
+pub use contract::Contract;
 pub use error::RuntimeError;
 pub use plan::{
-    Action, Cleanup, Condition, ConditionStatus, Event, EventType, ObjectRef, Phase, Plan,
-    SecretRequest, StatusReport,
+    Action, BasicAuth, ChildKind, Cleanup, Condition, ConditionStatus, Event, EventType, ExecRequest,
+    HttpRequest, HttpTarget, HttpTls, ObjectRef, Phase, Plan, PodLabels, Request, RequestLimits, RequestMode,
+    Response, SecretRequest, StatusReport,
 };
-pub use plugin::{ChildKind, CrdVersion, FieldError, KindInfo, Plugin, PluginInfo};
+pub use plugin::{CrdVersion, FieldError, KindInfo, Observed, Plugin, PluginInfo};
 pub use registry::{LiveRegistry, Registry};
-pub use sandbox::{AllocatorKind, Limits, Sandbox};
+pub use sandbox::{AllocatorKind, Lane, Limits, Sandbox};
 
-/// The WIT package version this host speaks; a plugin built against another is refused.
+/// The WIT package this host speaks, and its current version; every version in
+/// [`Contract::SERVED`] loads, any other is refused.
 pub const WIT_PACKAGE: &str = "stateward:plugin";
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.2.0";

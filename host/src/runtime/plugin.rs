@@ -9,13 +9,14 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::Component;
 use wasmtime::Store;
 
-use super::bindings::stateward::plugin::host::Level;
-use super::bindings::stateward::plugin::types as wit;
-use super::bindings::{Plugin as PluginWorld, PluginPre};
+use super::bindings::v0_2::stateward::plugin::host::Level;
+use super::bindings::v0_2::stateward::plugin::types as wit;
+use super::bindings::{v0_1, v0_2};
+use super::contract::{self, Contract};
 use super::host_state::HostState;
-use super::plan::{Cleanup, Plan, PlanRules};
+use super::plan::{ChildKind, Cleanup, Plan, PlanRules, Response};
 use super::sandbox::Sandbox;
-use super::{RuntimeError, WIT_PACKAGE, WIT_VERSION};
+use super::{RuntimeError, WIT_PACKAGE};
 
 /// Import prefixes a plugin may have; everything else is refused at load.
 const ALLOWED_IMPORTS: &[&str] = &["wasi:io/", "wasi:cli/", "wasi:random/"];
@@ -59,22 +60,27 @@ pub struct CrdVersion {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ChildKind {
-    pub api_version: String,
-    pub kind: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FieldError {
     pub path: String,
     pub message: String,
 }
 
+/// The pre-linked component, of the contract version it was built against.
+enum Pre {
+    V0_1(v0_1::PluginPre<HostState>),
+    V0_2(v0_2::PluginPre<HostState>),
+}
+
+/// One call's instance.
+enum Instance {
+    V0_1(v0_1::Plugin),
+    V0_2(v0_2::Plugin),
+}
+
 /// A component that passed every load check and answered `info()`.
 pub struct Plugin {
     sandbox: Arc<Sandbox>,
-    pre: PluginPre<HostState>,
+    pre: Pre,
     info: PluginInfo,
     digest: String,
     size: usize,
@@ -97,9 +103,11 @@ impl std::fmt::Debug for Plugin {
 }
 
 impl Plugin {
-    /// Compiles (or loads from the precompiled cache), checks imports, exports and the WIT
+    /// Checks what it declares (memories, tables, instances) against the per-call limits,
+    /// compiles (or loads from the precompiled cache), checks imports, exports and the WIT
     /// version, links, and asks the plugin who it is.
     pub fn load(sandbox: &Arc<Sandbox>, bytes: &[u8]) -> Result<Self, RuntimeError> {
+        super::declared::Declared::of(bytes)?.check(&sandbox.limits)?;
         let digest = hex::encode(Sha256::digest(bytes));
         let (component, from_cache) = match &sandbox.cache {
             Some(cache) => cache.load_or_compile(&sandbox.engine, &digest, bytes)?,
@@ -110,21 +118,17 @@ impl Plugin {
             ),
         };
         let ty = component.component_type();
-        let imports: Vec<String> = ty
-            .imports(&sandbox.engine)
-            .map(|(n, _)| n.to_string())
-            .collect();
-        let exports: Vec<String> = ty
-            .exports(&sandbox.engine)
-            .map(|(n, _)| n.to_string())
-            .collect();
-        check_imports(&imports)?;
-        check_exports(&exports)?;
-        let instance_pre = sandbox
-            .linker
-            .instantiate_pre(&component)
-            .map_err(|e| RuntimeError::Link(format!("{e:#}")))?;
-        let pre = PluginPre::new(instance_pre).map_err(|e| RuntimeError::Link(format!("{e:#}")))?;
+        let imports: Vec<String> = ty.imports(&sandbox.engine).map(|(n, _)| n.to_string()).collect();
+        let exports: Vec<String> = ty.exports(&sandbox.engine).map(|(n, _)| n.to_string()).collect();
+        let contract = check_exports(&exports)?;
+        check_imports(&imports, contract)?;
+        let instance_pre =
+            sandbox.linker.instantiate_pre(&component).map_err(|e| RuntimeError::Link(format!("{e:#}")))?;
+        let link = |e: wasmtime::Error| RuntimeError::Link(format!("{e:#}"));
+        let pre = match contract {
+            Contract::V0_1 => Pre::V0_1(v0_1::PluginPre::new(instance_pre).map_err(link)?),
+            Contract::V0_2 => Pre::V0_2(v0_2::PluginPre::new(instance_pre).map_err(link)?),
+        };
         let mut plugin = Self {
             sandbox: Arc::clone(sandbox),
             pre,
@@ -142,17 +146,18 @@ impl Plugin {
             faults: std::sync::atomic::AtomicU32::new(0),
             probation: tokio::sync::Semaphore::new(1),
         };
-        let raw = plugin.call("info", |p, s| p.stateward_plugin_service().call_info(s))?;
+        let raw = plugin.call("info", |p, s| match p {
+            Instance::V0_1(p) => p.stateward_plugin_service().call_info(s).map(contract::info),
+            Instance::V0_2(p) => p.stateward_plugin_service().call_info(s),
+        })?;
         plugin.info = convert_info(raw)?;
         Ok(plugin)
     }
 
     /// Reads a `.wasm` file and loads it.
     pub fn load_file(sandbox: &Arc<Sandbox>, path: &std::path::Path) -> Result<Self, RuntimeError> {
-        let bytes = std::fs::read(path).map_err(|source| RuntimeError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let bytes = std::fs::read(path)
+            .map_err(|source| RuntimeError::Read { path: path.display().to_string(), source })?;
         Self::load(sandbox, &bytes)
     }
 
@@ -169,6 +174,10 @@ impl Plugin {
     pub fn digest(&self) -> &str {
         &self.digest
     }
+    /// The digest as every policy input and the status carry it: `sha256:<hex>`.
+    pub fn prefixed_digest(&self) -> String {
+        format!("sha256:{}", self.digest)
+    }
     pub fn size(&self) -> usize {
         self.size
     }
@@ -178,6 +187,13 @@ impl Plugin {
     pub fn exports(&self) -> &[String] {
         &self.exports
     }
+    /// The version of the WIT contract the component was built against.
+    pub fn contract(&self) -> Contract {
+        match self.pre {
+            Pre::V0_1(_) => Contract::V0_1,
+            Pre::V0_2(_) => Contract::V0_2,
+        }
+    }
     /// Whether this load came from the on-disk precompiled cache.
     pub fn loaded_from_cache(&self) -> bool {
         self.from_cache
@@ -186,22 +202,20 @@ impl Plugin {
     /// Semantic validation of a new object (and the old one on update).
     pub fn validate(&self, new: &str, old: Option<&str>) -> Result<Vec<FieldError>, RuntimeError> {
         let (new, old) = (new.to_string(), old.map(str::to_string));
-        let errors = self.call("validate", |p, s| {
-            p.stateward_plugin_service()
+        let errors = self.call("validate", |p, s| match p {
+            Instance::V0_1(p) => p
+                .stateward_plugin_service()
                 .call_validate(s, &new, old.as_ref())
+                .map(|errors| errors.into_iter().map(contract::field_error).collect()),
+            Instance::V0_2(p) => p.stateward_plugin_service().call_validate(s, &new, old.as_ref()),
         })?;
         let size: usize = errors.iter().map(|e| e.path.len() + e.message.len()).sum();
         self.check_output("validate", size)?;
-        Ok(errors
-            .into_iter()
-            .map(|e| FieldError {
-                path: e.path,
-                message: e.message,
-            })
-            .collect())
+        Ok(errors.into_iter().map(|e| FieldError { path: e.path, message: e.message }).collect())
     }
 
-    /// Asks for the plan that moves the observed state toward the resource's spec.
+    /// Asks for the plan that moves the observed state toward the resource's spec, with no
+    /// answers to earlier requests (tests, benchmarks, `render` without `--responses`).
     pub fn reconcile(
         &self,
         resource: &str,
@@ -209,26 +223,32 @@ impl Plugin {
         now_ms: u64,
         namespace: &str,
     ) -> Result<Plan, RuntimeError> {
-        let input = wit::Observed {
-            resource: resource.to_string(),
-            children: children.to_vec(),
-            now_ms,
-        };
-        let answer = self.call("reconcile", |p, s| {
-            p.stateward_plugin_service().call_reconcile(s, &input)
+        self.reconcile_observed(&Observed { resource, children, now_ms, responses: &[] }, namespace)
+    }
+
+    /// Asks for the plan that moves the observed state toward the resource's spec.
+    pub fn reconcile_observed(&self, observed: &Observed<'_>, namespace: &str) -> Result<Plan, RuntimeError> {
+        let input = observed.to_wit();
+        let answer = self.call("reconcile", |p, s| match p {
+            Instance::V0_1(p) => p
+                .stateward_plugin_service()
+                .call_reconcile(s, &contract::observed(&input))
+                .map(|r| r.map(contract::plan)),
+            Instance::V0_2(p) => p.stateward_plugin_service().call_reconcile(s, &input),
         })?;
         let plan = answer.map_err(|message| self.plugin_error("reconcile", message))?;
-        self.check_output("reconcile", plan_size(&plan.actions) + plan.status.extra.len())?;
         let rules = self.rules(namespace);
+        rules.check_requests(&plan.actions)?;
+        self.check_output("reconcile", plan_size(&plan.actions) + plan.status.extra.len())?;
         Ok(Plan {
             actions: rules.actions(plan.actions)?,
             status: rules.status(plan.status)?,
-            events: PlanRules::events(plan.events),
+            events: rules.events(plan.events)?,
             requeue_after: plan.requeue_after_ms.map(std::time::Duration::from_millis),
         })
     }
 
-    /// Asks what is left to clean up before the finalizer may go.
+    /// Asks what is left to clean up before the finalizer may go, with no answers to requests.
     pub fn finalize(
         &self,
         resource: &str,
@@ -236,19 +256,30 @@ impl Plugin {
         now_ms: u64,
         namespace: &str,
     ) -> Result<Cleanup, RuntimeError> {
-        let input = wit::Observed {
-            resource: resource.to_string(),
-            children: children.to_vec(),
-            now_ms,
-        };
-        let answer = self.call("finalize", |p, s| {
-            p.stateward_plugin_service().call_finalize(s, &input)
+        self.finalize_observed(&Observed { resource, children, now_ms, responses: &[] }, namespace)
+    }
+
+    /// Asks what is left to clean up before the finalizer may go.
+    pub fn finalize_observed(
+        &self,
+        observed: &Observed<'_>,
+        namespace: &str,
+    ) -> Result<Cleanup, RuntimeError> {
+        let input = observed.to_wit();
+        let answer = self.call("finalize", |p, s| match p {
+            Instance::V0_1(p) => p
+                .stateward_plugin_service()
+                .call_finalize(s, &contract::observed(&input))
+                .map(|r| r.map(contract::cleanup)),
+            Instance::V0_2(p) => p.stateward_plugin_service().call_finalize(s, &input),
         })?;
         let cleanup = answer.map_err(|message| self.plugin_error("finalize", message))?;
+        self.rules(namespace).check_requests(&cleanup.actions)?;
         self.check_output("finalize", plan_size(&cleanup.actions))?;
+        let rules = self.rules(namespace);
         Ok(Cleanup {
-            actions: self.rules(namespace).actions(cleanup.actions)?,
-            events: PlanRules::events(cleanup.events),
+            actions: rules.actions(cleanup.actions)?,
+            events: rules.events(cleanup.events)?,
             done: cleanup.done,
         })
     }
@@ -256,9 +287,9 @@ impl Plugin {
     /// Converts an object of one of this plugin's kinds to `to_version`.
     pub fn convert(&self, object: &str, to_version: &str) -> Result<Value, RuntimeError> {
         let (object, to_version) = (object.to_string(), to_version.to_string());
-        let answer = self.call("convert", |p, s| {
-            p.stateward_plugin_service()
-                .call_convert(s, &object, &to_version)
+        let answer = self.call("convert", |p, s| match p {
+            Instance::V0_1(p) => p.stateward_plugin_service().call_convert(s, &object, &to_version),
+            Instance::V0_2(p) => p.stateward_plugin_service().call_convert(s, &object, &to_version),
         })?;
         let json = answer.map_err(|message| self.plugin_error("convert", message))?;
         self.check_output("convert", json.len())?;
@@ -273,26 +304,18 @@ impl Plugin {
             plugin: &self.info.name,
             owns: &self.info.owns,
             namespace,
+            limits: &self.sandbox.limits.requests,
         }
     }
 
     fn plugin_error(&self, export: &'static str, message: String) -> RuntimeError {
-        RuntimeError::Plugin {
-            plugin: self.info.name.clone(),
-            export,
-            message,
-        }
+        RuntimeError::Plugin { plugin: self.info.name.clone(), export, message }
     }
 
     fn check_output(&self, export: &'static str, size: usize) -> Result<(), RuntimeError> {
         let limit = self.sandbox.limits.output_bytes;
         if size > limit {
-            return Err(RuntimeError::OutputTooLarge {
-                plugin: self.info.name.clone(),
-                export,
-                size,
-                limit,
-            });
+            return Err(RuntimeError::OutputTooLarge { plugin: self.info.name.clone(), export, size, limit });
         }
         Ok(())
     }
@@ -301,13 +324,14 @@ impl Plugin {
     fn call<R>(
         &self,
         export: &'static str,
-        f: impl FnOnce(&PluginWorld, &mut Store<HostState>) -> wasmtime::Result<R>,
+        f: impl FnOnce(&Instance, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Result<R, RuntimeError> {
         let mut store = self.sandbox.store();
-        let result = self
-            .pre
-            .instantiate(&mut store)
-            .and_then(|instance| f(&instance, &mut store));
+        let instance = match &self.pre {
+            Pre::V0_1(pre) => pre.instantiate(&mut store).map(Instance::V0_1),
+            Pre::V0_2(pre) => pre.instantiate(&mut store).map(Instance::V0_2),
+        };
+        let result = instance.and_then(|instance| f(&instance, &mut store));
         let output = store.data_mut().take_output();
         self.forward_logs(export, &output);
         let result = result.map_err(|err| self.classify(export, err, &store, &output));
@@ -364,29 +388,18 @@ impl Plugin {
             };
         }
         if matches!(err.downcast_ref::<wasmtime::Trap>(), Some(wasmtime::Trap::Interrupt)) {
-            return RuntimeError::Timeout {
-                plugin,
-                export,
-                budget: self.sandbox.limits.budget,
-            };
+            return RuntimeError::Timeout { plugin, export, budget: self.sandbox.limits.budget };
         }
         let mut message = match err.downcast_ref::<wasmtime::Trap>() {
             Some(trap) => trap.to_string(),
             None => format!("{err:#}"),
         };
         // A guest panic prints its message on stderr just before the trap: keep it.
-        let printed = output
-            .iter()
-            .rev()
-            .find(|(l, line)| *l == Level::Warn && !line.starts_with("note:"));
+        let printed = output.iter().rev().find(|(l, line)| *l == Level::Warn && !line.starts_with("note:"));
         if let Some((_, last)) = printed {
             message = format!("{message} ({last})");
         }
-        RuntimeError::Trap {
-            plugin,
-            export,
-            message,
-        }
+        RuntimeError::Trap { plugin, export, message }
     }
 }
 
@@ -397,21 +410,60 @@ fn plan_size(actions: &[wit::Action]) -> usize {
             wit::Action::Apply(json) => json.len(),
             wit::Action::Delete(r) => r.api_version.len() + r.kind.len() + r.name.len(),
             wit::Action::EnsureSecret(s) => {
-                s.name.len() + s.keys.iter().map(|(k, _)| k.len() + 4).sum::<usize>()
+                s.name.len()
+                    + s.keys.iter().map(|(k, _)| k.len() + 4).sum::<usize>()
+                    + s.derived.iter().map(|d| d.key.len() + d.template.len()).sum::<usize>()
+            }
+            wit::Action::LabelPod(p) => {
+                let pairs = p.labels.iter().chain(&p.annotations);
+                p.pod.len() + pairs.map(|(k, v)| k.len() + v.as_ref().map_or(0, String::len)).sum::<usize>()
+            }
+            wit::Action::Exec(e) => {
+                e.id.len()
+                    + e.pod.len()
+                    + e.container.len()
+                    + e.command.iter().map(String::len).sum::<usize>()
+                    + e.stdin.as_ref().map_or(0, String::len)
+            }
+            wit::Action::Http(h) => {
+                h.id.len()
+                    + h.path.len()
+                    + h.method.len()
+                    + h.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+                    + h.body.as_ref().map_or(0, String::len)
             }
         })
         .sum()
 }
 
-fn check_imports(imports: &[String]) -> Result<(), RuntimeError> {
+/// What the host saw, as one call hands it to `reconcile` or `finalize`.
+pub struct Observed<'a> {
+    pub resource: &'a str,
+    pub children: &'a [String],
+    pub now_ms: u64,
+    /// Answers to earlier requests (a 0.1.0 component never gets them: it never asked).
+    pub responses: &'a [Response],
+}
+
+impl Observed<'_> {
+    fn to_wit(&self) -> wit::Observed {
+        wit::Observed {
+            resource: self.resource.to_string(),
+            children: self.children.to_vec(),
+            now_ms: self.now_ms,
+            responses: self.responses.iter().map(Response::to_wit).collect(),
+        }
+    }
+}
+
+/// Its own package's imports must be of the version its exports are.
+fn check_imports(imports: &[String], contract: Contract) -> Result<(), RuntimeError> {
     let own_package = format!("{WIT_PACKAGE}/");
     let mut forbidden = Vec::new();
     for import in imports {
         if let Some(interface) = import.strip_prefix(&own_package) {
-            if interface.rsplit_once('@').map(|(_, v)| v) != Some(WIT_VERSION) {
-                return Err(RuntimeError::WitVersion {
-                    found: import.clone(),
-                });
+            if interface.rsplit_once('@').map(|(_, v)| v) != Some(contract.version()) {
+                return Err(RuntimeError::WitVersion { found: import.clone() });
             }
             continue;
         }
@@ -422,31 +474,22 @@ fn check_imports(imports: &[String]) -> Result<(), RuntimeError> {
     if forbidden.is_empty() {
         Ok(())
     } else {
-        Err(RuntimeError::ForbiddenImport {
-            imports: forbidden,
-        })
+        Err(RuntimeError::ForbiddenImport { imports: forbidden })
     }
 }
 
-fn check_exports(exports: &[String]) -> Result<(), RuntimeError> {
+/// The contract a component speaks is the version of the `service` it exports.
+fn check_exports(exports: &[String]) -> Result<Contract, RuntimeError> {
     let service = format!("{WIT_PACKAGE}/service@");
-    let found = exports
-        .iter()
-        .find(|e| e.starts_with(&service))
-        .ok_or(RuntimeError::MissingExport)?;
-    if found.strip_prefix(&service) != Some(WIT_VERSION) {
-        return Err(RuntimeError::WitVersion {
-            found: found.clone(),
-        });
-    }
-    Ok(())
+    let found = exports.iter().find(|e| e.starts_with(&service)).ok_or(RuntimeError::MissingExport)?;
+    found
+        .strip_prefix(&service)
+        .and_then(Contract::parse)
+        .ok_or_else(|| RuntimeError::WitVersion { found: found.clone() })
 }
 
 fn convert_info(raw: wit::PluginInfo) -> Result<PluginInfo, RuntimeError> {
-    let bad = |reason: String| RuntimeError::MalformedPlan {
-        plugin: raw.name.clone(),
-        reason,
-    };
+    let bad = |reason: String| RuntimeError::MalformedPlan { plugin: raw.name.clone(), reason };
     let mut kinds = Vec::new();
     for k in &raw.kinds {
         let mut versions = Vec::new();
@@ -465,10 +508,7 @@ fn convert_info(raw: wit::PluginInfo) -> Result<PluginInfo, RuntimeError> {
             });
         }
         if versions.iter().filter(|v| v.storage).count() != 1 {
-            return Err(bad(format!(
-                "info(): kind {} must have exactly one storage version",
-                k.kind
-            )));
+            return Err(bad(format!("info(): kind {} must have exactly one storage version", k.kind)));
         }
         kinds.push(KindInfo {
             group: k.group.clone(),
@@ -486,10 +526,7 @@ fn convert_info(raw: wit::PluginInfo) -> Result<PluginInfo, RuntimeError> {
         owns: raw
             .owns
             .iter()
-            .map(|c| ChildKind {
-                api_version: c.api_version.clone(),
-                kind: c.kind.clone(),
-            })
+            .map(|c| ChildKind { api_version: c.api_version.clone(), kind: c.kind.clone() })
             .collect(),
         name: raw.name,
         version: raw.version,

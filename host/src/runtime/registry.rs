@@ -16,10 +16,7 @@ impl Registry {
     /// Loads every `*.wasm` in `dir`, in name order. A file that fails to load is an error:
     /// built-in plugins are part of the release and must all work.
     pub fn load_dir(sandbox: &Arc<Sandbox>, dir: &Path) -> Result<Self, RuntimeError> {
-        let read_err = |source| RuntimeError::Read {
-            path: dir.display().to_string(),
-            source,
-        };
+        let read_err = |source| RuntimeError::Read { path: dir.display().to_string(), source };
         let mut files: Vec<_> = std::fs::read_dir(dir)
             .map_err(read_err)?
             .filter_map(Result::ok)
@@ -37,10 +34,7 @@ impl Registry {
     /// Adds a plugin for every kind it declares, replacing whatever served those kinds.
     pub fn insert(&mut self, plugin: Arc<Plugin>) {
         for kind in &plugin.info().kinds {
-            self.by_kind.insert(
-                (kind.group.clone(), kind.kind.clone()),
-                Arc::clone(&plugin),
-            );
+            self.by_kind.insert((kind.group.clone(), kind.kind.clone()), Arc::clone(&plugin));
         }
     }
 

@@ -1,4 +1,4 @@
-//! The operator's plain HTTP port (DESIGN.md §7): Prometheus metrics, the kubelet's liveness and
+//! The operator's plain HTTP port (docs/architecture.md, Telemetry): Prometheus metrics, the kubelet's liveness and
 //! readiness probes, and JSON debug views of what the process has loaded and is watching.
 //!
 //! The controller owns the facts and pushes them into [`DebugState`]; the handlers here only
@@ -41,6 +41,8 @@ struct DebugInfo {
     policy_rejection: Option<Value>,
     /// Ordered so the JSON output is stable between calls.
     watches: BTreeMap<String, bool>,
+    /// Each kind's controller task: `None` while it runs, why it is gone once it died.
+    controllers: BTreeMap<String, Option<String>>,
 }
 
 impl DebugState {
@@ -87,16 +89,30 @@ impl DebugState {
         self.write().watches.insert(name.to_owned(), synced);
     }
 
-    /// The `/debug/healthz` document:
-    /// `{ready, leader, plugins, policy: {bundleDigest}, watches: {name: synced}}`.
+    /// Records that a kind's controller task runs (again, after a restart of the controllers).
+    pub fn controller_started(&self, kind: &str) {
+        self.write().controllers.insert(kind.to_owned(), None);
+    }
+
+    /// Records that a kind's controller task ended or panicked: that kind is no longer
+    /// reconciled, so `/readyz` answers 503 until the controllers are started again.
+    pub fn controller_died(&self, kind: &str, why: &str) {
+        self.write().controllers.insert(kind.to_owned(), Some(why.to_owned()));
+    }
+
+    /// The `/debug/healthz` document: `{ready, leader, plugins, policy: {bundleDigest},
+    /// watches: {name: synced}, controllers: {kind: "running" | why it died}}`.
     pub fn snapshot(&self) -> Value {
         let info = self.read();
+        let controllers: BTreeMap<&String, &str> =
+            info.controllers.iter().map(|(k, died)| (k, died.as_deref().unwrap_or("running"))).collect();
         json!({
-            "ready": info.ready,
+            "ready": info.is_ready(),
             "leader": info.leader,
             "plugins": plugins_or_empty(&info.plugins),
             "policy": { "bundleDigest": info.policy_bundle_digest, "lastRejection": info.policy_rejection },
             "watches": info.watches,
+            "controllers": controllers,
         })
     }
 
@@ -105,7 +121,14 @@ impl DebugState {
     }
 
     fn is_ready(&self) -> bool {
-        self.read().ready
+        self.read().is_ready()
+    }
+}
+
+impl DebugInfo {
+    /// Ready, and no controller task has died.
+    fn is_ready(&self) -> bool {
+        self.ready && self.controllers.values().all(Option::is_none)
     }
 }
 

@@ -1,9 +1,9 @@
-//! Log setup (DESIGN.md §7): `tracing` events as JSON lines for a cluster's log pipeline, or as
+//! Log setup (docs/architecture.md, Telemetry): `tracing` events as JSON lines for a cluster's log pipeline, or as
 //! plain text for a person at a terminal.
 //!
 //! The JSON lines come from a small formatter of our own rather than tracing-subscriber's stock
 //! `.json()`: the stock one nests span fields under `span`/`spans` objects *next to the span's own
-//! `name` key*, so the reconcile span's `name` field (the resource name, DESIGN.md §7) turns into
+//! `name` key*, so the reconcile span's `name` field (the resource name) turns into
 //! a duplicate JSON key that parsers resolve to the span name. Ours flattens the fields of every
 //! enclosing span and of the event into one object, so each line carries
 //! `kind, namespace, name, trace_id, …` at the top level, and lists the span names in `spans`.
@@ -68,7 +68,12 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
         let meta = event.metadata();
         let mut line = Map::new();
         let mut timestamp = String::new();
@@ -115,7 +120,8 @@ where
 /// installed in the current dispatcher.
 fn otel_ids(id: &tracing::span::Id) -> Option<(String, String)> {
     use opentelemetry::trace::TraceContextExt;
-    let cx = tracing::dispatcher::get_default(|dispatch| tracing_opentelemetry::get_otel_context(id, dispatch))?;
+    let cx =
+        tracing::dispatcher::get_default(|dispatch| tracing_opentelemetry::get_otel_context(id, dispatch))?;
     let span = cx.span();
     let sc = span.span_context();
     sc.is_valid().then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))

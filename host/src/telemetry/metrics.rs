@@ -1,6 +1,6 @@
-//! The operator's metrics: one `prometheus-client` registry holding every family named in
-//! DESIGN.md §7, behind a cheap-to-clone handle so the controller, the plugin runtime and the HTTP
-//! server all record into and read from the same registry.
+//! The operator's metrics: one `prometheus-client` registry holding every family listed in
+//! docs/architecture.md (Telemetry), behind a cheap-to-clone handle so the controller, the plugin
+//! runtime and the HTTP server all record into and read from the same registry.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,7 +16,8 @@ use prometheus_client::registry::{Registry, Unit};
 /// a policy evaluation normally takes milliseconds, and anything past 10 s is an outlier whose
 /// exact value matters less than that it is counted. Written out so the exposition shows
 /// exact bucket bounds (`le="0.0025"`) instead of accumulated floating-point noise.
-const DURATION_BUCKETS: [f64; 13] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+const DURATION_BUCKETS: [f64; 13] =
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
 fn duration_histogram() -> Histogram {
     Histogram::new(DURATION_BUCKETS)
@@ -28,6 +29,11 @@ type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 struct ControllerResult {
     controller: String,
     result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabel {
+    controller: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -83,6 +89,12 @@ struct KindPhase {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbResult {
+    verb: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VerbKind {
     verb: String,
     kind: String,
@@ -100,6 +112,7 @@ struct Inner {
     registry: Registry,
     reconciles: Family<ControllerResult, Counter>,
     reconcile_seconds: Histograms<ControllerResult>,
+    reconcile_panics: Family<ControllerLabel, Counter>,
     plugin_call_seconds: Histograms<PluginExport>,
     plugin_traps: Family<PluginReason, Counter>,
     plugins_loaded: Family<PluginBuild, Gauge>,
@@ -108,6 +121,8 @@ struct Inner {
     policy_eval_seconds: Histograms<PolicyLabel>,
     managed_resources: Family<KindPhase, Gauge>,
     api_writes: Family<VerbKind, Counter>,
+    requests: Family<VerbResult, Counter>,
+    request_seconds: Histograms<VerbResult>,
     policy_bundle: Family<DigestLabel, Gauge>,
     policy_bundle_failures: Family<ReasonLabel, Counter>,
     policy_violations: Family<KindRule, Gauge>,
@@ -146,6 +161,12 @@ impl Metrics {
             Unit::Seconds,
             reconcile_seconds.clone(),
         );
+        let reconcile_panics = Family::default();
+        registry.register(
+            "reconcile_panics",
+            "Reconciles that panicked (caught, counted as failed), by controller",
+            reconcile_panics.clone(),
+        );
         let plugin_call_seconds: Histograms<_> = Family::new_with_constructor(duration_histogram);
         registry.register_with_unit(
             "plugin_call_duration",
@@ -154,7 +175,11 @@ impl Metrics {
             plugin_call_seconds.clone(),
         );
         let plugin_traps = Family::default();
-        registry.register("plugin_traps", "Plugin calls that ended in a trap, by reason", plugin_traps.clone());
+        registry.register(
+            "plugin_traps",
+            "Plugin calls that ended in a trap, by reason",
+            plugin_traps.clone(),
+        );
         let plugins_loaded = Family::default();
         registry.register(
             "plugins_loaded",
@@ -168,7 +193,11 @@ impl Metrics {
             plugin_load_failures.clone(),
         );
         let policy_decisions = Family::default();
-        registry.register("policy_decisions", "Policy decisions, by policy and result", policy_decisions.clone());
+        registry.register(
+            "policy_decisions",
+            "Policy decisions, by policy and result",
+            policy_decisions.clone(),
+        );
         let policy_eval_seconds: Histograms<_> = Family::new_with_constructor(duration_histogram);
         registry.register_with_unit(
             "policy_eval_duration",
@@ -187,6 +216,19 @@ impl Metrics {
             "api_writes",
             "Write requests sent to the Kubernetes API server, by verb and kind",
             api_writes.clone(),
+        );
+        let requests = Family::default();
+        registry.register(
+            "requests",
+            "Requests of plans to the running service (exec, http) answered, by verb and result: ok (an exit code or status), error (sent, no answer: timeout, connection, stream), not_sent (the target could not be resolved)",
+            requests.clone(),
+        );
+        let request_seconds: Histograms<_> = Family::new_with_constructor(duration_histogram);
+        registry.register_with_unit(
+            "request_duration",
+            "Wall time of one request sent to the running service, by verb and result",
+            Unit::Seconds,
+            request_seconds.clone(),
         );
         let policy_bundle = Family::default();
         registry.register(
@@ -208,7 +250,11 @@ impl Metrics {
         );
         // Trace export counters, shared with the exporter set up before this registry existed.
         let otel = &super::otel::STATS;
-        registry.register("otel_spans_exported", "Trace spans accepted by the OTLP collector", otel.exported.clone());
+        registry.register(
+            "otel_spans_exported",
+            "Trace spans accepted by the OTLP collector",
+            otel.exported.clone(),
+        );
         registry.register(
             "otel_spans_dropped",
             "Trace spans lost before export: queue_full (export too slow or down) or export_failed",
@@ -218,6 +264,7 @@ impl Metrics {
             registry: root,
             reconciles,
             reconcile_seconds,
+            reconcile_panics,
             plugin_call_seconds,
             plugin_traps,
             plugins_loaded,
@@ -226,6 +273,8 @@ impl Metrics {
             policy_eval_seconds,
             managed_resources,
             api_writes,
+            requests,
+            request_seconds,
             policy_bundle,
             policy_bundle_failures,
             policy_violations,
@@ -236,12 +285,30 @@ impl Metrics {
         Self { inner: Arc::new(inner) }
     }
 
+    /// Records one answered request (`stateward_requests_total{verb, result}`) and, when it was
+    /// sent, its wall time (`stateward_request_duration_seconds`).
+    pub fn request(&self, verb: &str, result: &str, seconds: Option<f64>) {
+        let labels = VerbResult { verb: verb.to_owned(), result: result.to_owned() };
+        self.inner.requests.get_or_create(&labels).inc();
+        if let Some(seconds) = seconds {
+            self.inner.request_seconds.get_or_create(&labels).observe(seconds);
+        }
+    }
+
     /// Records one finished reconcile: `stateward_reconcile_total` and
     /// `stateward_reconcile_duration_seconds`, both labelled `{controller, result}`.
     pub fn reconcile(&self, controller: &str, result: &str, seconds: f64) {
         let labels = ControllerResult { controller: controller.to_owned(), result: result.to_owned() };
         self.inner.reconciles.get_or_create(&labels).inc();
         self.inner.reconcile_seconds.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Counts a reconcile that panicked (`stateward_reconcile_panics_total{controller}`).
+    pub fn reconcile_panic(&self, controller: &str) {
+        self.inner
+            .reconcile_panics
+            .get_or_create(&ControllerLabel { controller: controller.to_owned() })
+            .inc();
     }
 
     /// Records one call into a plugin export (`stateward_plugin_call_duration_seconds`).
@@ -260,7 +327,8 @@ impl Metrics {
     /// The series of a previously loaded build of the same plugin is removed, so summing the
     /// family counts plugins, not every build ever seen.
     pub fn plugin_loaded(&self, plugin: &str, version: &str, digest: &str) {
-        let build = PluginBuild { plugin: plugin.to_owned(), version: version.to_owned(), digest: digest.to_owned() };
+        let build =
+            PluginBuild { plugin: plugin.to_owned(), version: version.to_owned(), digest: digest.to_owned() };
         let mut loaded = self.inner.loaded_builds.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(old) = loaded.insert(plugin.to_owned(), build.clone()) {
             if old != build {

@@ -1,4 +1,4 @@
-//! OTLP trace export (DESIGN.md §7): every `tracing` span becomes an OpenTelemetry span through
+//! OTLP trace export (docs/architecture.md, Telemetry): every `tracing` span becomes an OpenTelemetry span through
 //! tracing-opentelemetry, and finished spans leave the process in batches over OTLP/HTTP
 //! (protobuf) when the standard variables ask for it.
 //!
@@ -62,7 +62,9 @@ pub enum OtelError {
     #[error("OTLP protocol {0:?} is not supported (this build speaks http/protobuf)")]
     Protocol(String),
     /// The endpoint is not a plain `http://` URL.
-    #[error("OTLP endpoint {0:?} is not supported: only http:// endpoints (e.g. a collector in the cluster)")]
+    #[error(
+        "OTLP endpoint {0:?} is not supported: only http:// endpoints (e.g. a collector in the cluster)"
+    )]
     Endpoint(String),
     /// The exporter or its HTTP client could not be built.
     #[error("building the OTLP exporter: {0}")]
@@ -97,18 +99,14 @@ impl ExportSettings {
 
     /// [`Self::from_env`] over any variable source (tests pass a map).
     pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, OtelError> {
-        let protocol = var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"));
-        let mut settings = match (
-            var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
-            var("OTEL_EXPORTER_OTLP_ENDPOINT"),
-        ) {
-            (Some(full), _) => Self {
-                endpoint: full,
-                ..Self::to_base("")
-            },
-            (None, Some(base)) => Self::to_base(&base),
-            (None, None) => return Ok(None),
-        };
+        let protocol =
+            var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"));
+        let mut settings =
+            match (var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), var("OTEL_EXPORTER_OTLP_ENDPOINT")) {
+                (Some(full), _) => Self { endpoint: full, ..Self::to_base("") },
+                (None, Some(base)) => Self::to_base(&base),
+                (None, None) => return Ok(None),
+            };
         if let Some(protocol) = protocol {
             if protocol.trim() != "http/protobuf" {
                 return Err(OtelError::Protocol(protocol));
@@ -168,7 +166,10 @@ static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 ///
 /// Must be called where a `Drop` of the export runtime is allowed later (any thread: the
 /// runtime is shut down in the background).
-pub fn provider(export: Option<&ExportSettings>, stats: &ExportStats) -> Result<SdkTracerProvider, OtelError> {
+pub fn provider(
+    export: Option<&ExportSettings>,
+    stats: &ExportStats,
+) -> Result<SdkTracerProvider, OtelError> {
     let mut resource = Resource::builder();
     if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
         resource = resource.with_service_name(DEFAULT_SERVICE_NAME);
@@ -184,15 +185,8 @@ pub fn provider(export: Option<&ExportSettings>, stats: &ExportStats) -> Result<
         .with_http_client(ExportClient::new(export_timeout())?)
         .build()
         .map_err(|e| OtelError::Build(e.to_string()))?;
-    let queue = Arc::new(Queue {
-        spans: AtomicUsize::new(0),
-        capacity: export.queue_spans.max(1),
-    });
-    let exporter = CountingExporter {
-        inner: exporter,
-        queue: Arc::clone(&queue),
-        stats: stats.clone(),
-    };
+    let queue = Arc::new(Queue { spans: AtomicUsize::new(0), capacity: export.queue_spans.max(1) });
+    let exporter = CountingExporter { inner: exporter, queue: Arc::clone(&queue), stats: stats.clone() };
     let batch = BatchSpanProcessor::builder(exporter)
         .with_batch_config(
             BatchConfigBuilder::default()
@@ -202,13 +196,7 @@ pub fn provider(export: Option<&ExportSettings>, stats: &ExportStats) -> Result<
                 .build(),
         )
         .build();
-    Ok(builder
-        .with_span_processor(BoundedProcessor {
-            inner: batch,
-            queue,
-            stats: stats.clone(),
-        })
-        .build())
+    Ok(builder.with_span_processor(BoundedProcessor { inner: batch, queue, stats: stats.clone() }).build())
 }
 
 /// The `tracing` layer turning spans into OpenTelemetry spans of `provider`. Error-level events
@@ -232,10 +220,9 @@ pub fn init_global() -> (SdkTracerProvider, Option<OtelError>) {
     };
     let (provider, error) = match provider(export.as_ref(), &STATS) {
         Ok(p) => (p, error),
-        Err(err) => (
-            self::provider(None, &STATS).unwrap_or_else(|_| SdkTracerProvider::builder().build()),
-            Some(err),
-        ),
+        Err(err) => {
+            (self::provider(None, &STATS).unwrap_or_else(|_| SdkTracerProvider::builder().build()), Some(err))
+        }
     };
     let _ = PROVIDER.set(provider.clone());
     (provider, error)
@@ -257,24 +244,30 @@ pub fn current_ids() -> Option<(String, String)> {
     let cx = tracing::Span::current().context();
     let span = cx.span();
     let sc = span.span_context();
-    sc.is_valid()
-        .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+    sc.is_valid().then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
 }
 
-/// The root span for one admission or conversion request, so webhook calls are their own traces:
-/// `webhook_span("validate", kind, namespace, name)` and `.instrument()` the handler with it;
-/// policy decisions made inside it are audited with its trace id. `result` is recorded by the
-/// handler (`span.record("result", "allow")`).
-pub fn webhook_span(operation: &str, kind: &str, namespace: &str, name: &str) -> tracing::Span {
+/// The root span of one webhook request, so every request is a trace of its own: the admission
+/// webhook opens `webhook_span("validate", kind, namespace, name)` and the conversion webhook
+/// `webhook_span("convert", kind, "", "")`, and each `.instrument()`s its handler with it, so
+/// policy decisions made inside it are audited with its trace id. The handler records the
+/// request's details (`operation`, `user`, `dry_run` for admission; `desired`, `objects` for
+/// conversion) and its `result` (`span.record("result", "allow")`).
+pub fn webhook_span(export: &str, kind: &str, namespace: &str, name: &str) -> tracing::Span {
     tracing::info_span!(
         parent: None,
         "webhook",
-        otel.name = format!("webhook {operation}"),
+        otel.name = format!("webhook {export}"),
         otel.kind = "server",
-        operation,
+        export,
         kind,
         namespace,
         name,
+        operation = tracing::field::Empty,
+        user = tracing::field::Empty,
+        dry_run = tracing::field::Empty,
+        desired = tracing::field::Empty,
+        objects = tracing::field::Empty,
         result = tracing::field::Empty,
     )
 }
@@ -296,16 +289,12 @@ struct Queue {
 impl Queue {
     fn try_take_slot(&self) -> bool {
         self.spans
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.capacity).then_some(n + 1)
-            })
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.capacity).then_some(n + 1))
             .is_ok()
     }
 
     fn release(&self, n: usize) {
-        let _ = self
-            .spans
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| Some(q.saturating_sub(n)));
+        let _ = self.spans.fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| Some(q.saturating_sub(n)));
     }
 }
 
@@ -409,11 +398,7 @@ impl ExportClient {
         connector.set_connect_timeout(Some(timeout));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new()).build(connector);
-        Ok(Self {
-            client,
-            runtime: Runtime(Some(runtime)),
-            timeout,
-        })
+        Ok(Self { client, runtime: Runtime(Some(runtime)), timeout })
     }
 }
 
@@ -460,25 +445,20 @@ mod tests {
     use std::collections::HashMap;
 
     fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let map: HashMap<String, String> =
+            vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
         move |name| map.get(name).cloned()
     }
 
     #[test]
     fn export_is_off_without_an_endpoint() {
-        assert_eq!(
-            ExportSettings::from_lookup(lookup(&[("OTEL_SERVICE_NAME", "x")])).ok(),
-            Some(None)
-        );
+        assert_eq!(ExportSettings::from_lookup(lookup(&[("OTEL_SERVICE_NAME", "x")])).ok(), Some(None));
     }
 
     #[test]
     fn base_endpoint_gets_the_traces_path_and_a_full_one_is_kept() {
         let s = ExportSettings::from_lookup(lookup(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/")]));
-        assert_eq!(
-            s.ok().flatten().map(|s| s.endpoint).as_deref(),
-            Some("http://c:4318/v1/traces")
-        );
+        assert_eq!(s.ok().flatten().map(|s| s.endpoint).as_deref(), Some("http://c:4318/v1/traces"));
         let s = ExportSettings::from_lookup(lookup(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
             ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:1/x"),
@@ -499,10 +479,7 @@ mod tests {
 
     #[test]
     fn the_queue_refuses_past_capacity_and_frees_on_export() {
-        let q = Queue {
-            spans: AtomicUsize::new(0),
-            capacity: 2,
-        };
+        let q = Queue { spans: AtomicUsize::new(0), capacity: 2 };
         assert!(q.try_take_slot() && q.try_take_slot());
         assert!(!q.try_take_slot());
         q.release(5);

@@ -89,25 +89,10 @@ impl Collector for ProcessCollector {
             cpu.metric_type(),
         )?)?;
         let gauges: [(&str, &str, Option<&Unit>, i64); 4] = [
-            (
-                "process_resident_memory",
-                "Resident memory size",
-                Some(&Unit::Bytes),
-                s.resident_bytes,
-            ),
-            (
-                "process_virtual_memory",
-                "Virtual memory size",
-                Some(&Unit::Bytes),
-                s.virtual_bytes,
-            ),
+            ("process_resident_memory", "Resident memory size", Some(&Unit::Bytes), s.resident_bytes),
+            ("process_virtual_memory", "Virtual memory size", Some(&Unit::Bytes), s.virtual_bytes),
             ("process_open_fds", "Number of open file descriptors", None, s.open_fds),
-            (
-                "process_max_fds",
-                "Maximum number of open file descriptors",
-                None,
-                s.max_fds,
-            ),
+            ("process_max_fds", "Maximum number of open file descriptors", None, s.max_fds),
         ];
         for (name, help, unit, value) in gauges {
             let gauge = ConstGauge::new(value);
@@ -131,18 +116,10 @@ mod tests {
     #[test]
     fn reads_plausible_values_for_this_process() {
         let Some(s) = ProcessStats::read() else { return }; // no /proc: nothing to check
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs_f64());
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64());
         let now = now.unwrap_or_default();
-        assert!(
-            s.start_time_seconds > now - 86_400.0 && s.start_time_seconds <= now + 1.0,
-            "{s:?}"
-        );
-        assert!(
-            s.resident_bytes > 1 << 20 && s.virtual_bytes >= s.resident_bytes,
-            "{s:?}"
-        );
+        assert!(s.start_time_seconds > now - 86_400.0 && s.start_time_seconds <= now + 1.0, "{s:?}");
+        assert!(s.resident_bytes > 1 << 20 && s.virtual_bytes >= s.resident_bytes, "{s:?}");
         assert!(s.open_fds >= 3 && s.max_fds >= s.open_fds, "{s:?}");
         assert!(s.cpu_seconds >= 0.0, "{s:?}");
     }

@@ -8,8 +8,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::Instrument as _;
 
-use crate::policy::{AdmissionRequest, DecisionContext, DecisionPoint, UserInfo};
+use crate::plugin_call;
+use crate::policy::{DecisionContext, DecisionPoint};
+use crate::policy_input::{AdmissionRequest, UserInfo};
 use crate::runtime::FieldError;
+use crate::telemetry::otel::webhook_span;
 
 use super::Webhook;
 
@@ -64,29 +67,22 @@ pub struct Answer {
 
 impl Answer {
     fn deny(code: u16, message: String) -> Self {
-        Self {
-            allowed: false,
-            code,
-            message,
-            warnings: Vec::new(),
-        }
+        Self { allowed: false, code, message, warnings: Vec::new() }
     }
 }
 
 /// Answers one AdmissionReview (any JSON in, always an AdmissionReview out).
 pub async fn review(webhook: Arc<Webhook>, body: Value) -> Value {
-    let uid = body
-        .pointer("/request/uid")
-        .cloned()
-        .unwrap_or(Value::String(String::new()));
+    let uid = body.pointer("/request/uid").cloned().unwrap_or(Value::String(String::new()));
     let answer = match body.get("request").cloned().map(serde_json::from_value::<Request>) {
         Some(Ok(req)) => {
-            let span = tracing::info_span!(
-                "webhook.admission",
-                kind = %req.kind.kind, namespace = %req.namespace, name = %req.name,
-                operation = %req.operation, user = %req.user_info.username, dry_run = req.dry_run,
-            );
-            decide(webhook, req).instrument(span).await
+            let span = webhook_span("validate", &req.kind.kind, &req.namespace, &req.name);
+            span.record("operation", req.operation.as_str());
+            span.record("user", req.user_info.username.as_str());
+            span.record("dry_run", req.dry_run);
+            let answer = decide(webhook, req).instrument(span.clone()).await;
+            span.record("result", if answer.allowed { "allow" } else { "deny" });
+            answer
         }
         Some(Err(e)) => Answer::deny(400, format!("malformed AdmissionRequest: {e}")),
         None => Answer::deny(400, "AdmissionReview without a request".into()),
@@ -119,29 +115,31 @@ async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
     let mut field_errors = if req.operation == "CREATE" || req.operation == "UPDATE" {
         let new = req.object.to_string();
         let old = (req.operation == "UPDATE").then(|| req.old_object.to_string());
-        let call = webhook
-            .sandbox
-            .run_blocking(move || plugin.validate(&new, old.as_deref()))
-            .await;
+        let call = plugin_call::call(&webhook.sandbox, &webhook.metrics, &plugin, "validate", move |guest| {
+            guest.validate(&new, old.as_deref())
+        })
+        .await;
         match call {
             Ok(Ok(errors)) => errors,
-            Ok(Err(e)) => vec![FieldError {
-                path: String::new(),
-                message: format!("plugin-error: {e}"),
-            }],
-            Err(e) => vec![FieldError {
-                path: String::new(),
-                message: format!("plugin-error: {e}"),
-            }],
+            Ok(Err(e)) => vec![FieldError { path: String::new(), message: format!("plugin-error: {e}") }],
+            Err(e) => vec![FieldError { path: String::new(), message: format!("plugin-error: {e}") }],
         }
     } else {
         Vec::new()
     };
-    if req.operation == "CREATE" {
+    if req.operation == "CREATE" && !webhook.name_checks.take() {
+        warnings.push(format!(
+            "metadata.name: not checked against the other kinds (more than {NAME_CHECKS_PER_SECOND} creates a second); the operator refuses a taken name when it reconciles"
+        ));
+    } else if req.operation == "CREATE" {
         let name = req.object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(&req.name);
         // Bounded well inside the API server's webhook timeout: a slow or broken list of
         // another kind must not turn into a refused create (the webhook fails closed).
-        let check = tokio::time::timeout(NAME_CHECK_TIMEOUT, name_taken(&webhook, &req.kind.kind, &req.namespace, name)).await;
+        let check = tokio::time::timeout(
+            NAME_CHECK_TIMEOUT,
+            name_taken(&webhook, &req.kind.kind, &req.namespace, name),
+        )
+        .await;
         match check.unwrap_or_else(|_| Err(format!("no answer within {NAME_CHECK_TIMEOUT:?}"))) {
             Ok(None) => {}
             Ok(Some(holder)) => field_errors.push(FieldError {
@@ -166,34 +164,22 @@ async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
         old_object: req.old_object,
         dry_run: req.dry_run,
     };
-    let mut input = match serde_json::to_value(&request) {
-        Ok(v) => v,
-        Err(e) => return Answer::deny(400, format!("encoding the policy input: {e}")),
-    };
-    input["fieldErrors"] = json!(field_errors
-        .iter()
-        .map(|e| json!({"path": e.path, "message": e.message}))
-        .collect::<Vec<_>>());
+    let input = request.document(Some(&field_errors));
     let gate = webhook.gate.current();
     let user = req.user_info.username.clone();
+    // Taken here, in the request's span: the blocking task below runs outside it.
+    let decision = DecisionContext::in_current_span(String::new());
     // Evaluation is CPU work and the audit write may fsync: off the reactor.
-    let verdict = tokio::task::spawn_blocking(move || {
-        gate.decide(&DecisionContext::default(), &user, DecisionPoint::Admission, &input)
-    })
-    .await;
+    let verdict =
+        tokio::task::spawn_blocking(move || gate.decide(&decision, &user, DecisionPoint::Admission, &input))
+            .await;
     let verdict = match verdict {
         Ok(v) => v,
         Err(e) => return Answer::deny(403, format!("policy-error: decision task failed: {e}")),
     };
     let mut messages: Vec<String> = field_errors
         .iter()
-        .map(|e| {
-            if e.path.is_empty() {
-                e.message.clone()
-            } else {
-                format!("{}: {}", e.path, e.message)
-            }
-        })
+        .map(|e| if e.path.is_empty() { e.message.clone() } else { format!("{}: {}", e.path, e.message) })
         .collect();
     messages.extend(verdict.denied.iter().cloned());
     let code = if verdict.allowed() { 422 } else { 403 };
@@ -205,11 +191,28 @@ async fn decide(webhook: Arc<Webhook>, req: Request) -> Answer {
     }
 }
 
+/// Name checks per second a replica makes at most (each lists the other kinds by name on the
+/// API server), after a burst of twice as many: reviews past it skip the check with a warning.
+/// Whoever reaches the webhook port can send reviews (the webhook does not authenticate its
+/// client), so without a bound each forged CREATE review would cost the API server, which the
+/// reconciles share, two list calls.
+pub const NAME_CHECKS_PER_SECOND: f64 = 10.0;
+
+/// The budget of [`NAME_CHECKS_PER_SECOND`].
+pub fn name_check_budget() -> super::budget::Budget {
+    super::budget::Budget::new(NAME_CHECKS_PER_SECOND, 2.0 * NAME_CHECKS_PER_SECOND)
+}
+
 /// How long admission waits to learn whether a new resource's name is taken.
 const NAME_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The kind of another resource named `name` in `namespace`, among the kinds served now.
-async fn name_taken(webhook: &Webhook, kind: &str, namespace: &str, name: &str) -> Result<Option<String>, String> {
+async fn name_taken(
+    webhook: &Webhook,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<String>, String> {
     if name.is_empty() {
         return Ok(None);
     }
@@ -217,7 +220,8 @@ async fn name_taken(webhook: &Webhook, kind: &str, namespace: &str, name: &str) 
         let Some(storage) = other.storage_version() else { continue };
         let gvk = kube::core::GroupVersionKind::gvk(&other.group, &storage.name, &other.kind);
         let resource = kube::core::ApiResource::from_gvk_with_plural(&gvk, &other.plural);
-        let api: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(webhook.client.clone(), namespace, &resource);
+        let api: kube::Api<kube::core::DynamicObject> =
+            kube::Api::namespaced_with(webhook.client.clone(), namespace, &resource);
         let found = api
             .list_metadata(&kube::api::ListParams::default().fields(&format!("metadata.name={name}")))
             .await

@@ -17,10 +17,13 @@ use super::WebhookError;
 /// Name of the serving Certificate (and the value of the inject-ca-from annotation).
 pub const CERTIFICATE: &str = "stateward-webhook";
 const ROOT_ISSUER: &str = "stateward-selfsigned";
-/// The CA Certificate, and the Secret where cert-manager keeps that CA (it issues the managed
-/// clusters' service certificates too, service_certs.rs).
+/// The webhook's CA Certificate, and the Secret where cert-manager keeps that CA.
 pub const CA_CERTIFICATE: &str = "stateward-webhook-ca";
 const CA_ISSUER: &str = "stateward-webhook-ca";
+/// The service CA Certificate and its Secret: a second root from the self-signed issuer, read
+/// by the certificate keeper (controller/service_certs.rs) to issue the managed clusters'
+/// certificates, so none of them chains to the webhook's CA.
+pub const SERVICE_CA_CERTIFICATE: &str = "stateward-service-ca";
 
 fn go_duration(d: std::time::Duration) -> String {
     format!("{}s", d.as_secs().max(1))
@@ -28,8 +31,10 @@ fn go_duration(d: std::time::Duration) -> String {
 
 /// The cert-manager objects for the webhook's certificate, in apply order.
 pub fn render(namespace: &str, secret: &str, names: &[String], policy: &CertPolicy) -> Vec<Value> {
-    let (ips, dns): (Vec<&String>, Vec<&String>) = names.iter().partition(|n| n.parse::<std::net::IpAddr>().is_ok());
-    let labels = json!({ "app.kubernetes.io/name": "stateward", "app.kubernetes.io/managed-by": "stateward" });
+    let (ips, dns): (Vec<&String>, Vec<&String>) =
+        names.iter().partition(|n| n.parse::<std::net::IpAddr>().is_ok());
+    let labels =
+        json!({ "app.kubernetes.io/name": "stateward", "app.kubernetes.io/managed-by": "stateward" });
     let meta = |name: &str| json!({ "name": name, "namespace": namespace, "labels": labels });
     vec![
         json!({ "apiVersion": "cert-manager.io/v1", "kind": "Issuer", "metadata": meta(ROOT_ISSUER), "spec": { "selfSigned": {} } }),
@@ -43,6 +48,15 @@ pub fn render(namespace: &str, secret: &str, names: &[String], policy: &CertPoli
             },
         }),
         json!({ "apiVersion": "cert-manager.io/v1", "kind": "Issuer", "metadata": meta(CA_ISSUER), "spec": { "ca": { "secretName": CA_CERTIFICATE } } }),
+        json!({
+            "apiVersion": "cert-manager.io/v1", "kind": "Certificate", "metadata": meta(SERVICE_CA_CERTIFICATE),
+            "spec": {
+                "isCA": true, "commonName": super::certs::SERVICE_CA_COMMON_NAME, "secretName": SERVICE_CA_CERTIFICATE,
+                "duration": go_duration(policy.ca_lifetime),
+                "privateKey": { "algorithm": "ECDSA", "size": 256 },
+                "issuerRef": { "name": ROOT_ISSUER, "kind": "Issuer", "group": "cert-manager.io" },
+            },
+        }),
         json!({
             "apiVersion": "cert-manager.io/v1", "kind": "Certificate", "metadata": meta(CERTIFICATE),
             "spec": {
@@ -69,15 +83,10 @@ pub async fn apply(client: &Client, objects: &[Value]) -> Result<(), WebhookErro
     for object in objects {
         let kind = object["kind"].as_str().unwrap_or_default();
         let plural = if kind == "Issuer" { "issuers" } else { "certificates" };
-        let ns = object
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let name = object
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cert-manager.io", "v1", kind), plural);
+        let ns = object.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+        let name = object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        let ar =
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cert-manager.io", "v1", kind), plural);
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
         api.patch(name, &PatchParams::apply("stateward").force(), &Patch::Apply(object))
             .await
@@ -88,7 +97,9 @@ pub async fn apply(client: &Client, objects: &[Value]) -> Result<(), WebhookErro
 
 /// The serving certificate and its CA (PEM) from a cert-manager Secret, once cert-manager
 /// has filled it.
-pub fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Option<Result<(ServingCert, String), WebhookError>> {
+pub fn from_secret(
+    secret: &k8s_openapi::api::core::v1::Secret,
+) -> Option<Result<(ServingCert, String), WebhookError>> {
     let data = secret.data.as_ref()?;
     let text = |k: &str| data.get(k).and_then(|b| String::from_utf8(b.0.clone()).ok());
     let (cert, key, ca) = (text(TLS_CRT)?, text(TLS_KEY)?, text(CA_CRT)?);
@@ -102,20 +113,17 @@ mod tests {
     #[test]
     fn renders_a_ca_chain_and_a_serving_certificate() {
         let policy = CertPolicy::default();
-        let objs = render(
-            "ops",
-            "hook-tls",
-            &["127.0.0.1".into(), "stateward-webhook.ops.svc".into()],
-            &policy,
-        );
+        let objs =
+            render("ops", "hook-tls", &["127.0.0.1".into(), "stateward-webhook.ops.svc".into()], &policy);
         let kinds: Vec<&str> = objs.iter().filter_map(|o| o["kind"].as_str()).collect();
-        assert_eq!(kinds, ["Issuer", "Certificate", "Issuer", "Certificate"]);
-        let serving = &objs[3];
+        assert_eq!(kinds, ["Issuer", "Certificate", "Issuer", "Certificate", "Certificate"]);
+        let serving = &objs[4];
+        let service_ca = &objs[3];
+        assert_eq!(service_ca["spec"]["isCA"], true);
+        assert_eq!(service_ca["spec"]["issuerRef"]["name"], objs[0]["metadata"]["name"], "a root of its own");
+        assert_ne!(service_ca["spec"]["secretName"], objs[1]["spec"]["secretName"]);
         assert_eq!(serving["spec"]["secretName"], "hook-tls");
-        assert_eq!(
-            serving["spec"]["dnsNames"],
-            serde_json::json!(["stateward-webhook.ops.svc"])
-        );
+        assert_eq!(serving["spec"]["dnsNames"], serde_json::json!(["stateward-webhook.ops.svc"]));
         assert_eq!(serving["spec"]["ipAddresses"], serde_json::json!(["127.0.0.1"]));
         assert_eq!(serving["spec"]["renewBefore"], "2592000s");
         assert_eq!(serving["spec"]["issuerRef"]["name"], objs[2]["metadata"]["name"]);

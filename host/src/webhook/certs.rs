@@ -15,7 +15,8 @@ use k8s_openapi::ByteString;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
 };
 use time::OffsetDateTime;
 
@@ -35,6 +36,9 @@ pub const CERT_SANS: &str = "stateward.dev/cert-sans";
 pub const CERT_SERIAL: &str = "stateward.dev/cert-generation";
 
 const CA_COMMON_NAME: &str = "stateward-webhook-ca";
+/// Subject of the service CA: the managed clusters' certificates come from a CA of their own
+/// (controller/service_certs.rs), so none of them can ever pass for the webhook.
+pub const SERVICE_CA_COMMON_NAME: &str = "stateward-service-ca";
 
 /// Lifetimes and thresholds of the built-in CA.
 #[derive(Debug, Clone)]
@@ -78,16 +82,13 @@ pub struct Material {
     pub generation: u64,
 }
 
-fn ca_params(not_after: OffsetDateTime) -> Result<CertificateParams, rcgen::Error> {
+fn ca_params(common_name: &str, not_after: OffsetDateTime) -> Result<CertificateParams, rcgen::Error> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params.distinguished_name.push(DnType::CommonName, CA_COMMON_NAME);
+    params.distinguished_name.push(DnType::CommonName, common_name);
     params.distinguished_name.push(DnType::OrganizationName, "stateward");
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
+    params.key_usages =
+        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     params.not_after = not_after;
     Ok(params)
 }
@@ -102,24 +103,35 @@ fn after(d: Duration) -> OffsetDateTime {
 
 /// A fresh CA plus a serving certificate for `sans`.
 pub fn issue_all(policy: &CertPolicy, sans: &[String]) -> Result<Material, WebhookError> {
+    let mut m = issue_ca(policy, CA_COMMON_NAME)?;
+    m.sans = sans.to_vec();
+    renew_serving(&mut m, policy, sans)?;
+    Ok(m)
+}
+
+/// A fresh CA alone (no serving certificate), named `common_name`.
+pub fn issue_ca(policy: &CertPolicy, common_name: &str) -> Result<Material, WebhookError> {
     let ca_key = KeyPair::generate().map_err(cert_err)?;
     let ca_not_after = after(policy.ca_lifetime);
-    let ca_cert = ca_params(ca_not_after)
-        .map_err(cert_err)?
-        .self_signed(&ca_key)
-        .map_err(cert_err)?;
-    let mut m = Material {
+    let ca_cert =
+        ca_params(common_name, ca_not_after).map_err(cert_err)?.self_signed(&ca_key).map_err(cert_err)?;
+    Ok(Material {
         ca_pem: ca_cert.pem(),
         ca_key_pem: ca_key.serialize_pem(),
         cert_pem: String::new(),
         key_pem: String::new(),
         ca_not_after: ca_not_after.unix_timestamp(),
         cert_not_after: 0,
-        sans: sans.to_vec(),
+        sans: Vec::new(),
         generation: 0,
-    };
-    renew_serving(&mut m, policy, sans)?;
-    Ok(m)
+    })
+}
+
+/// Whether a CA has less than a certificate's lifetime left (a certificate issued now could not
+/// live its full span).
+pub fn ca_due(m: &Material, policy: &CertPolicy) -> bool {
+    let secs = i64::try_from(policy.cert_lifetime.as_secs()).unwrap_or(i64::MAX);
+    m.ca_not_after - now().unix_timestamp() < secs
 }
 
 /// Issues a new serving certificate under the CA already in `m`. The issuer's subject is read
@@ -127,15 +139,14 @@ pub fn issue_all(policy: &CertPolicy, sans: &[String]) -> Result<Material, Webho
 /// the built-in one.
 pub fn renew_serving(m: &mut Material, policy: &CertPolicy, sans: &[String]) -> Result<(), WebhookError> {
     let ca_key = KeyPair::from_pem(&m.ca_key_pem).map_err(cert_err)?;
-    let ca_not_after =
-        OffsetDateTime::from_unix_timestamp(m.ca_not_after).map_err(|e| WebhookError::Certificate(e.to_string()))?;
+    let ca_not_after = OffsetDateTime::from_unix_timestamp(m.ca_not_after)
+        .map_err(|e| WebhookError::Certificate(e.to_string()))?;
     let issuer = Issuer::from_ca_cert_pem(&m.ca_pem, ca_key).map_err(cert_err)?;
     let key = KeyPair::generate().map_err(cert_err)?;
     let mut params = CertificateParams::new(sans.to_vec()).map_err(cert_err)?;
-    params.distinguished_name.push(
-        DnType::CommonName,
-        sans.first().map_or("stateward-webhook", String::as_str),
-    );
+    params
+        .distinguished_name
+        .push(DnType::CommonName, sans.first().map_or("stateward-webhook", String::as_str));
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     // Backdated a little: API server and operator clocks may differ.
@@ -170,7 +181,7 @@ pub fn due(m: Option<&Material>, policy: &CertPolicy, sans: &[String]) -> Due {
     let Some(m) = m else { return Due::Everything };
     let left = |t: i64| t - now().unix_timestamp();
     let secs = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
-    if left(m.ca_not_after) < secs(policy.cert_lifetime) {
+    if ca_due(m, policy) {
         return Due::Everything;
     }
     if left(m.cert_not_after) < secs(policy.renew_before) || m.sans != sans {
@@ -213,12 +224,39 @@ impl Material {
             key_pem: text(TLS_KEY)?,
             ca_not_after: num(CA_NOT_AFTER)?,
             cert_not_after: num(CERT_NOT_AFTER)?,
-            sans: ann
-                .get(CERT_SANS)
-                .map(|s| s.split(',').map(str::to_string).collect())
-                .unwrap_or_default(),
+            sans: ann.get(CERT_SANS).map(|s| s.split(',').map(str::to_string).collect()).unwrap_or_default(),
             generation: num(CERT_SERIAL).and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
         })
+    }
+
+    /// Reads a CA alone (`ca.crt`, `ca.key` and the CA's expiry annotation), as
+    /// [`Self::ca_into_secret`] writes it.
+    pub fn ca_from_secret(secret: &Secret) -> Option<Material> {
+        let data = secret.data.as_ref()?;
+        let text = |k: &str| data.get(k).and_then(|b| String::from_utf8(b.0.clone()).ok());
+        let ann = secret.metadata.annotations.as_ref()?;
+        Some(Material {
+            ca_pem: text(CA_CRT)?,
+            ca_key_pem: text(CA_KEY)?,
+            cert_pem: String::new(),
+            key_pem: String::new(),
+            ca_not_after: ann.get(CA_NOT_AFTER).and_then(|v| v.parse::<i64>().ok())?,
+            cert_not_after: 0,
+            sans: Vec::new(),
+            generation: 0,
+        })
+    }
+
+    /// Writes the CA half into `secret` (type Opaque: it holds no serving pair).
+    pub fn ca_into_secret(&self, mut secret: Secret) -> Secret {
+        let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
+        secret.type_ = Some("Opaque".into());
+        let data = secret.data.get_or_insert_with(BTreeMap::new);
+        data.insert(CA_CRT.into(), bytes(&self.ca_pem));
+        data.insert(CA_KEY.into(), bytes(&self.ca_key_pem));
+        let ann = secret.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        ann.insert(CA_NOT_AFTER.into(), self.ca_not_after.to_string());
+        secret
     }
 
     /// Writes material into `secret`'s data and annotations (keeping its other metadata).
@@ -270,12 +308,7 @@ pub struct BuiltinCa {
 impl BuiltinCa {
     /// A store for Secret `name` in `namespace`.
     pub fn new(client: Client, namespace: &str, name: &str, policy: CertPolicy, sans: Vec<String>) -> Self {
-        Self {
-            secrets: Api::namespaced(client, namespace),
-            name: name.to_string(),
-            policy,
-            sans,
-        }
+        Self { secrets: Api::namespaced(client, namespace), name: name.to_string(), policy, sans }
     }
 
     /// One pass: renew what is due (compare-and-swap on the Secret) and return what the
@@ -291,9 +324,8 @@ impl BuiltinCa {
             let next = match due(stored.as_ref(), &self.policy, &self.sans) {
                 Due::Nothing => None,
                 Due::ServingCert => {
-                    let mut m = stored
-                        .clone()
-                        .ok_or_else(|| WebhookError::Certificate("no stored CA".into()))?;
+                    let mut m =
+                        stored.clone().ok_or_else(|| WebhookError::Certificate("no stored CA".into()))?;
                     renew_serving(&mut m, &self.policy, &self.sans)?;
                     Some(m)
                 }
@@ -304,7 +336,9 @@ impl BuiltinCa {
                 }
             };
             let material = match (next, current) {
-                (None, _) => stored.ok_or_else(|| WebhookError::Certificate("stored material unreadable".into()))?,
+                (None, _) => {
+                    stored.ok_or_else(|| WebhookError::Certificate("stored material unreadable".into()))?
+                }
                 (Some(m), None) => {
                     let secret = m.into_secret(Secret {
                         metadata: ObjectMeta {
@@ -343,13 +377,12 @@ impl BuiltinCa {
             };
             return Ok(material);
         }
-        Err(WebhookError::Certificate(
-            "the webhook Secret kept changing under us".into(),
-        ))
+        Err(WebhookError::Certificate("the webhook Secret kept changing under us".into()))
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -37,10 +37,7 @@ pub enum Endpoint {
 
 impl Default for Endpoint {
     fn default() -> Self {
-        Endpoint::Service {
-            namespace: SERVICE_NAMESPACE.into(),
-            name: SERVICE_NAME.into(),
-        }
+        Endpoint::Service { namespace: SERVICE_NAMESPACE.into(), name: SERVICE_NAME.into() }
     }
 }
 
@@ -156,10 +153,7 @@ pub async fn apply_validating(client: &Client, config: &Value) -> Result<(), Web
         "ValidatingWebhookConfiguration",
         "validatingwebhookconfigurations",
     );
-    let name = config
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let name = config.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
     api.patch(name, &PatchParams::apply("stateward").force(), &Patch::Apply(config))
         .await
         .map_err(WebhookError::kube("applying the ValidatingWebhookConfiguration"))?;

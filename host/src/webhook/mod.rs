@@ -1,6 +1,7 @@
-//! Admission and conversion webhooks, with a built-in CA and certificate rotation (DESIGN.md §1,
-//! §7). A concern apart from the controller: it shares the plugins and the policy gate, runs
-//! on every replica (the API server may call any of them), and needs no leadership.
+//! Admission and conversion webhooks, with a built-in CA and certificate rotation
+//! (docs/architecture.md, The three decision points). A concern apart from the controller: it
+//! shares the plugins and the policy gate, runs on every replica (the API server may call any of
+//! them), and needs no leadership.
 //!
 //! - [`admission`]: `plugin.validate` then `data.stateward.admission`, audited.
 //! - [`conversion`]: `plugin.convert` for the CRDs' versions.
@@ -8,14 +9,16 @@
 //! - [`certs`]: the built-in CA and serving certificate in a Secret, renewed under a threshold.
 //! - [`certmanager`]: `--cert-manager` mode (cert-manager issues, the operator serves).
 //! - [`config`]: the ValidatingWebhookConfiguration and CRD conversion stanza, with caBundle.
-//! - [`service_certs`]: certificates for managed clusters from the same CA (item 4 pieces).
+//!
+//! The managed clusters' certificates are a controller's job, from a service CA of their own
+//! (`controller/service_certs.rs`, run only while leading).
 
 pub mod admission;
+pub mod budget;
 pub mod certmanager;
 pub mod certs;
 pub mod config;
 pub mod conversion;
-pub mod service_certs;
 pub mod tls;
 
 use std::future::Future;
@@ -34,6 +37,7 @@ use tokio::net::TcpListener;
 
 use crate::policy::LiveGate;
 use crate::runtime::{KindInfo, LiveRegistry, Sandbox};
+use crate::telemetry::Metrics;
 
 pub use certs::CertPolicy;
 pub use config::Endpoint;
@@ -75,17 +79,16 @@ pub struct Webhook {
     pub gate: Arc<LiveGate>,
     /// For the one read admission makes: is a new resource's name taken by another kind.
     pub client: kube::Client,
+    /// The process's metrics (plugin calls of validate and convert).
+    pub metrics: Metrics,
+    /// Name checks this replica may still make ([`admission::NAME_CHECKS_PER_SECOND`]).
+    pub name_checks: budget::Budget,
 }
 
 impl Webhook {
     /// Every kind the plugins serve now.
     pub fn kinds(&self) -> Vec<KindInfo> {
-        self.registry
-            .snapshot()
-            .plugins()
-            .iter()
-            .flat_map(|p| p.info().kinds.clone())
-            .collect()
+        self.registry.snapshot().plugins().iter().flat_map(|p| p.info().kinds.clone()).collect()
     }
 }
 
@@ -105,7 +108,7 @@ pub enum Configure {
 
 /// How `stateward run` serves its webhooks.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct WebhookSettings {
     pub endpoint: Endpoint,
     /// Namespace of the Secret (and the cert-manager objects).
     pub namespace: String,
@@ -120,7 +123,7 @@ pub struct Settings {
     pub policy: CertPolicy,
 }
 
-impl Settings {
+impl WebhookSettings {
     /// Names the serving certificate must carry: the Service's DNS names, and the URL's host.
     pub fn sans(&self) -> Vec<String> {
         let mut sans = Vec::new();
@@ -139,6 +142,33 @@ impl Settings {
 /// Largest review body accepted.
 pub const REVIEW_BODY_LIMIT: usize = 8 << 20;
 
+/// How long one review may take in the server, its body read included: less than the API
+/// server waits ([`config::TIMEOUT_SECONDS`]), so a slow or flooding client is cut off and
+/// answered before the API server gives up on a legitimate request.
+pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(8);
+/// Reviews evaluated at once; more wait (within [`REVIEW_TIMEOUT`]) instead of crowding the
+/// plugins' sandbox and the policy engine.
+pub const REVIEWS_AT_ONCE: usize = 16;
+
+/// Bounds every request: it waits for one of the review slots and must finish within the
+/// timeout, or gets 503 (the API server applies the webhook's failure policy).
+async fn bounded(
+    State((slots, timeout)): State<(Arc<tokio::sync::Semaphore>, Duration)>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let work = async {
+        let _slot = slots.acquire_owned().await.ok()?;
+        Some(next.run(request).await)
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(Some(response)) => response,
+        _ => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "the review did not finish within its time")
+            .into_response(),
+    }
+}
+
 /// The HTTP routes; handlers only extract and delegate.
 pub fn router(webhook: Arc<Webhook>) -> Router {
     async fn validate(State(w): State<Arc<Webhook>>, Json(body): Json<Value>) -> Json<Value> {
@@ -147,41 +177,26 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
     async fn convert(State(w): State<Arc<Webhook>>, Json(body): Json<Value>) -> Json<Value> {
         Json(conversion::review(w, body).await)
     }
-    Router::new()
+    let routes = Router::new()
         .route(config::VALIDATE_PATH, post(validate))
         .route(config::CONVERT_PATH, post(convert))
         .route("/healthz", get(|| async { "ok" }))
         // An AdmissionReview carries the object and the old object (each up to etcd's 1.5 MB).
         .layer(axum::extract::DefaultBodyLimit::max(REVIEW_BODY_LIMIT))
-        .with_state(webhook)
+        .with_state(webhook);
+    bound_reviews(routes, REVIEW_TIMEOUT)
 }
 
-/// Parses `90d`, `12h`, `30m`, `45s` or plain seconds (flags of certificate lifetimes).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = text
-        .find(|c: char| !c.is_ascii_digit())
-        .map_or((text, ""), |i| text.split_at(i));
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 90d, 12h, 30m or 45s"))?;
-    let secs = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86400,
-        _ => return Err(format!("unknown unit {unit:?} in {text:?} (s, m, h or d)")),
-    };
-    n.checked_mul(secs)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{text:?} is too long"))
+/// `routes` with every request bounded by [`bounded`]: [`REVIEWS_AT_ONCE`], each within
+/// `timeout`.
+fn bound_reviews(routes: Router, timeout: Duration) -> Router {
+    let slots = Arc::new(tokio::sync::Semaphore::new(REVIEWS_AT_ONCE));
+    routes.layer(axum::middleware::from_fn_with_state((slots, timeout), bounded))
 }
 
 /// Binds the webhook port (before anything else, so a taken port fails the start).
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, WebhookError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| WebhookError::Bind { addr, source })
+    TcpListener::bind(addr).await.map_err(|source| WebhookError::Bind { addr, source })
 }
 
 /// Serves the webhooks on `listener` and keeps certificates and configurations current until
@@ -191,12 +206,13 @@ pub async fn run(
     client: Client,
     listener: TcpListener,
     webhook: Arc<Webhook>,
-    settings: Settings,
+    settings: WebhookSettings,
     stopped: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), WebhookError> {
     let resolver = Arc::new(CertResolver::default());
     let server_config = tls::server_config(Arc::clone(&resolver))?;
-    let server = tls::serve(listener, server_config, router(Arc::clone(&webhook)), stopped);
+    let limits = tls::ConnectionLimits::default();
+    let server = tls::serve(listener, server_config, router(Arc::clone(&webhook)), limits, stopped);
     let keeper = keep_certificates(client, resolver, settings, webhook);
     tokio::select! {
         () = server => Ok(()),
@@ -259,7 +275,7 @@ impl Trust {
 /// Fetches the serving certificate and its CA from the Secret (renewing first in built-in
 /// mode), without serving it yet.
 async fn fetch(
-    settings: &Settings,
+    settings: &WebhookSettings,
     builtin: &certs::BuiltinCa,
     secrets: &Api<Secret>,
 ) -> Result<(tls::ServingCert, String), WebhookError> {
@@ -269,18 +285,19 @@ async fn fetch(
     }
     match secrets.get_opt(&settings.secret).await {
         Ok(Some(secret)) => certmanager::from_secret(&secret).unwrap_or_else(|| {
-            Err(WebhookError::Certificate(
-                "cert-manager has not filled the Secret yet".into(),
-            ))
+            Err(WebhookError::Certificate("cert-manager has not filled the Secret yet".into()))
         }),
-        Ok(None) => Err(WebhookError::Certificate(
-            "waiting for cert-manager to create the Secret".into(),
-        )),
+        Ok(None) => Err(WebhookError::Certificate("waiting for cert-manager to create the Secret".into())),
         Err(e) => Err(WebhookError::kube("reading the webhook Secret")(e)),
     }
 }
 
-async fn keep_certificates(client: Client, resolver: Arc<CertResolver>, settings: Settings, webhook: Arc<Webhook>) {
+async fn keep_certificates(
+    client: Client,
+    resolver: Arc<CertResolver>,
+    settings: WebhookSettings,
+    webhook: Arc<Webhook>,
+) {
     let mut interval = settings.policy.check_interval();
     if settings.cert_manager {
         interval = interval.min(CERT_MANAGER_POLL);
@@ -308,7 +325,9 @@ async fn keep_certificates(client: Client, resolver: Arc<CertResolver>, settings
             );
             match certmanager::apply(&client, &objects).await {
                 Ok(()) => rendered_cert_manager = true,
-                Err(e) => tracing::warn!(error = %e, "cert-manager objects not applied (is cert-manager installed?)"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cert-manager objects not applied (is cert-manager installed?)")
+                }
             }
         }
         match fetch(&settings, &builtin, &secrets).await {
@@ -332,22 +351,25 @@ async fn keep_certificates(client: Client, resolver: Arc<CertResolver>, settings
                 }
                 resolver.set(cert);
             }
-            Err(e) => tracing::warn!(error = %e, label = e.label(), "webhook certificate not ready; retrying"),
+            Err(e) => {
+                tracing::warn!(error = %e, label = e.label(), "webhook certificate not ready; retrying")
+            }
         }
         tokio::time::sleep(interval).await;
     }
 }
 
 /// Points the ValidatingWebhookConfiguration and the CRDs at this webhook with `bundle`.
-async fn configure(client: &Client, settings: &Settings, kinds: &[KindInfo], bundle: &str) -> Result<(), WebhookError> {
-    let inject_from = settings
-        .cert_manager
-        .then(|| certmanager::inject_ca_from(&settings.namespace));
+async fn configure(
+    client: &Client,
+    settings: &WebhookSettings,
+    kinds: &[KindInfo],
+    bundle: &str,
+) -> Result<(), WebhookError> {
+    let inject_from = settings.cert_manager.then(|| certmanager::inject_ca_from(&settings.namespace));
     if matches!(settings.configure, Configure::All | Configure::Validating) {
-        let scope = config::Scope {
-            name: &settings.configuration,
-            namespace: settings.watch_namespace.as_deref(),
-        };
+        let scope =
+            config::Scope { name: &settings.configuration, namespace: settings.watch_namespace.as_deref() };
         let refs: Vec<&KindInfo> = kinds.iter().collect();
         let mut vwc = config::validating_configuration(&scope, &settings.endpoint, &refs, Some(bundle));
         if let Some(from) = &inject_from {
@@ -357,8 +379,14 @@ async fn configure(client: &Client, settings: &Settings, kinds: &[KindInfo], bun
     }
     if matches!(settings.configure, Configure::All | Configure::Conversion) {
         for kind in kinds.iter().filter(|k| k.versions.len() > 1) {
-            config::patch_crd_conversion(client, kind, &settings.endpoint, Some(bundle), inject_from.as_deref())
-                .await?;
+            config::patch_crd_conversion(
+                client,
+                kind,
+                &settings.endpoint,
+                Some(bundle),
+                inject_from.as_deref(),
+            )
+            .await?;
         }
     }
     tracing::info!(configuration = %settings.configuration, "webhook configuration points at this webhook");
@@ -366,17 +394,38 @@ async fn configure(client: &Client, settings: &Settings, kinds: &[KindInfo], bun
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(90 * 86400)));
-        assert_eq!(parse_duration("6s"), Ok(Duration::from_secs(6)));
-        assert_eq!(parse_duration("15"), Ok(Duration::from_secs(15)));
-        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        assert!(parse_duration("1w").is_err());
-        assert!(parse_duration("d").is_err());
+    #[tokio::test]
+    async fn a_review_whose_body_never_completes_is_answered_503_within_the_timeout() {
+        use axum::body::Body;
+        use tower::ServiceExt as _;
+        async fn echo(body: String) -> String {
+            body
+        }
+        let routes = bound_reviews(Router::new().route("/", post(echo)), Duration::from_millis(300));
+        // A body that promises 100 bytes and sends 10, then nothing.
+        let (mut tx, body) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
+        use futures::SinkExt as _;
+        tx.send(Ok(vec![b'x'; 10])).await.expect("send");
+        let request = axum::http::Request::post("/")
+            .header("content-length", "100")
+            .body(Body::from_stream(body))
+            .expect("request");
+        let started = Instant::now();
+        let response = tokio::time::timeout(Duration::from_secs(5), routes.clone().oneshot(request))
+            .await
+            .expect("answered, not left hanging")
+            .expect("infallible");
+        assert_eq!(response.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
+        // A complete body within the time is served.
+        let request = axum::http::Request::post("/").body(Body::from("ok")).expect("request");
+        let response = routes.oneshot(request).await.expect("infallible");
+        assert_eq!(response.status(), axum::http::StatusCode::OK);
+        drop(tx);
     }
 
     #[test]

@@ -2,24 +2,25 @@
 //! a child process against the local cluster (its log printed when a test fails), the three
 //! kinds' manifests, and bounded polling helpers. Every test gets its own namespace and its own
 //! operator (`--namespace`, Lease in that namespace), so tests run in parallel.
+#![allow(clippy::expect_used)]
 #![allow(dead_code)]
 // Test support: failing the calling test with a clear message is its job.
 #![allow(clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::ListParams;
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::core::DynamicObject;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::Value;
@@ -31,67 +32,21 @@ pub const POLL: Duration = Duration::from_millis(300);
 pub const INSTANCE_LABEL: &str = "stateward.dev/instance";
 pub const FINALIZER: &str = "stateward.dev/cleanup";
 
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default()
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
-}
-
-/// One of the three plugin-served kinds, with what a test needs to drive it.
-#[derive(Debug, Clone, Copy)]
-pub struct Kind {
-    pub kind: &'static str,
-    pub plural: &'static str,
-    pub version: &'static str,
-    /// A newer patch version the plugin accepts (an upgrade).
-    pub next_version: &'static str,
-    pub storage: &'static str,
-}
-
-pub const POSTGRES: Kind = Kind {
-    kind: "PostgresCluster",
-    plural: "postgresclusters",
-    version: "17.2",
-    next_version: "17.3",
-    storage: "1Gi",
+#[path = "../common/mod.rs"]
+mod common;
+// Every test binary uses a different part of these.
+#[allow(unused_imports)]
+pub use common::{
+    http_get, sum_metric, target_dir, workspace_root, Kind, ELASTICSEARCH, KINDS, POSTGRES, REDIS,
 };
-pub const REDIS: Kind = Kind {
-    kind: "RedisCluster",
-    plural: "redisclusters",
-    version: "7.4.1",
-    next_version: "7.4.2",
-    storage: "512Mi",
-};
-pub const ELASTICSEARCH: Kind = Kind {
-    kind: "ElasticsearchCluster",
-    plural: "elasticsearchclusters",
-    version: "8.15.3",
-    next_version: "8.15.4",
-    storage: "1Gi",
-};
-pub const KINDS: [Kind; 3] = [POSTGRES, REDIS, ELASTICSEARCH];
 
 impl Kind {
-    pub fn api_resource(&self) -> ApiResource {
-        ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("stateward.dev", "v1", self.kind),
-            self.plural,
-        )
-    }
-
     pub fn api(&self, env: &TestEnv) -> Api<DynamicObject> {
         self.api_in(env, &env.namespace)
     }
 
     pub fn api_in(&self, env: &TestEnv, namespace: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(env.client.clone(), namespace, &self.api_resource())
+        self.api_with(&env.client, namespace)
     }
 
     /// A small manifest of this kind (no deletionProtection, so tests can delete it).
@@ -147,38 +102,19 @@ pub fn prepare(env: &TestEnv) {
     let crds = workspace_root().join("deploy").join("crds");
     let out = env
         .kubectl()
-        .args([
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager",
-            "stateward-e2e",
-            "-f",
-        ])
+        .args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-e2e", "-f"])
         .arg(&crds)
         .output()
         .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "applying {}: {}",
-        crds.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let crd_names: Vec<String> = KINDS
-        .iter()
-        .map(|k| format!("crd/{}.stateward.dev", k.plural))
-        .collect();
+    assert!(out.status.success(), "applying {}: {}", crds.display(), String::from_utf8_lossy(&out.stderr));
+    let crd_names: Vec<String> = KINDS.iter().map(|k| format!("crd/{}.stateward.dev", k.plural)).collect();
     let out = env
         .kubectl()
         .args(["wait", "--for=condition=Established", "--timeout=60s"])
         .args(&crd_names)
         .output()
         .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "CRDs not established: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "CRDs not established: {}", String::from_utf8_lossy(&out.stderr));
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_stateward"))
         .arg("crds")
@@ -188,15 +124,8 @@ pub fn prepare(env: &TestEnv) {
         .arg(wasm_cache())
         .output()
         .expect("run stateward crds");
-    assert!(
-        out.status.success(),
-        "loading the plugins: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!(
-        "e2e: CRDs installed, plugin cache warm in {:.1?}",
-        started.elapsed()
-    );
+    assert!(out.status.success(), "loading the plugins: {}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("e2e: CRDs installed, plugin cache warm in {:.1?}", started.elapsed());
     *done = true;
 }
 
@@ -285,28 +214,19 @@ impl Operator {
         let port = free_port();
         let file = std::fs::File::create(&log).expect("log file");
         let err = file.try_clone().expect("log file");
-        let kubeconfig = opts
-            .kubeconfig
-            .clone()
-            .unwrap_or_else(|| env.kubeconfig().to_path_buf());
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_stateward"));
+        let kubeconfig = opts.kubeconfig.clone().unwrap_or_else(|| env.kubeconfig().to_path_buf());
+        // STATEWARD_OPERATOR_BIN: another build of the operator (e.g. a release one, for the
+        // figures of a benchmark); by default the one built with these tests.
+        let bin = std::env::var_os("STATEWARD_OPERATOR_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_stateward")));
+        let mut cmd = Command::new(bin);
         cmd.env("KUBECONFIG", &kubeconfig)
             .env_remove("STATEWARD_NAMESPACE")
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_NAME")
-            .args([
-                "run",
-                "--namespace",
-                &opts.namespace,
-                "--lease-namespace",
-                &opts.lease_namespace,
-            ])
-            .args([
-                "--http-addr",
-                &format!("127.0.0.1:{port}"),
-                "--lease-seconds",
-                "6",
-            ])
+            .args(["run", "--namespace", &opts.namespace, "--lease-namespace", &opts.lease_namespace])
+            .args(["--http-addr", &format!("127.0.0.1:{port}"), "--lease-seconds", "6"])
             .arg("--audit-log")
             .arg(&audit)
             .arg("--plugin-dir")
@@ -329,19 +249,8 @@ impl Operator {
         cmd.args(&opts.args);
         cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
         let child = cmd.spawn().expect("spawn stateward run");
-        eprintln!(
-            "e2e: started operator {name} (pid {}, http {port}, log {})",
-            child.id(),
-            log.display()
-        );
-        Operator {
-            child: Some(child),
-            name: name.to_string(),
-            port,
-            log,
-            audit,
-            _dir: dir,
-        }
+        eprintln!("e2e: started operator {name} (pid {}, http {port}, log {})", child.id(), log.display());
+        Operator { child: Some(child), name: name.to_string(), port, log, audit, _dir: dir }
     }
 
     /// SIGKILL, no chance to clean up (no Lease release).
@@ -359,9 +268,7 @@ impl Operator {
 
     /// Exits early only on a crash; returns its status then.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// One HTTP GET on the operator's endpoint: (status code, body).
@@ -375,10 +282,7 @@ impl Operator {
         if code != 200 {
             return None;
         }
-        serde_json::from_str::<Value>(&body)
-            .ok()?
-            .get("leader")?
-            .as_bool()
+        serde_json::from_str::<Value>(&body).ok()?.get("leader")?.as_bool()
     }
 
     /// Sum of `stateward_api_writes_total` over all labels (0 when absent).
@@ -395,18 +299,10 @@ impl Operator {
         let started = Instant::now();
         loop {
             if let Some(status) = self.exited() {
-                panic!(
-                    "operator {} exited early with {status}:\n{}",
-                    self.name,
-                    self.log_tail(80)
-                );
+                panic!("operator {} exited early with {status}:\n{}", self.name, self.log_tail(80));
             }
             if matches!(self.get("/readyz"), Ok((200, _))) {
-                eprintln!(
-                    "e2e: operator {} ready after {:.1?}",
-                    self.name,
-                    started.elapsed()
-                );
+                eprintln!("e2e: operator {} ready after {:.1?}", self.name, started.elapsed());
                 return;
             }
             assert!(
@@ -424,17 +320,9 @@ impl Operator {
         let started = Instant::now();
         while self.is_leader().is_none() {
             if let Some(status) = self.exited() {
-                panic!(
-                    "operator {} exited early with {status}:\n{}",
-                    self.name,
-                    self.log_tail(80)
-                );
+                panic!("operator {} exited early with {status}:\n{}", self.name, self.log_tail(80));
             }
-            assert!(
-                started.elapsed() < timeout,
-                "operator {} not serving within {timeout:?}",
-                self.name
-            );
+            assert!(started.elapsed() < timeout, "operator {} not serving within {timeout:?}", self.name);
             tokio::time::sleep(POLL).await;
         }
     }
@@ -463,39 +351,6 @@ impl Drop for Operator {
     }
 }
 
-/// A minimal HTTP/1.0 GET on loopback (the test needs no HTTP client for three endpoints).
-pub fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf.as_str(), ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("no status line")?;
-    Ok((code, body.to_string()))
-}
-
-/// Sums every sample of `name` whose labels contain all of `labels` (`key="value"` strings).
-pub fn sum_metric(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' '))
-        })
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Runs kubectl with `input` on stdin.
 pub fn kubectl_stdin(env: &TestEnv, args: &[&str], input: &str) -> Output {
     let mut child = env
@@ -507,51 +362,28 @@ pub fn kubectl_stdin(env: &TestEnv, args: &[&str], input: &str) -> Output {
         .spawn()
         .expect("spawn kubectl");
     if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(input.as_bytes())
-            .expect("write kubectl stdin");
+        stdin.write_all(input.as_bytes()).expect("write kubectl stdin");
     }
     child.wait_with_output().expect("kubectl output")
 }
 
 /// `kubectl apply -f -` of one object into `namespace`; panics with kubectl's message on failure.
 pub fn apply(env: &TestEnv, namespace: &str, object: &Value) {
-    let out = kubectl_stdin(
-        env,
-        &["apply", "-n", namespace, "-f", "-"],
-        &object.to_string(),
-    );
-    assert!(
-        out.status.success(),
-        "kubectl apply failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = kubectl_stdin(env, &["apply", "-n", namespace, "-f", "-"], &object.to_string());
+    assert!(out.status.success(), "kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// `kubectl patch --type merge`; returns the output (the caller checks it).
 pub fn patch(env: &TestEnv, namespace: &str, target: &str, patch: &Value) -> Output {
     env.kubectl()
-        .args([
-            "patch",
-            "-n",
-            namespace,
-            target,
-            "--type",
-            "merge",
-            "-p",
-            &patch.to_string(),
-        ])
+        .args(["patch", "-n", namespace, target, "--type", "merge", "-p", &patch.to_string()])
         .output()
         .expect("run kubectl")
 }
 
 pub fn patch_ok(env: &TestEnv, namespace: &str, target: &str, p: &Value) {
     let out = patch(env, namespace, target, p);
-    assert!(
-        out.status.success(),
-        "kubectl patch {target} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "kubectl patch {target} failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Polls `check` every [`POLL`] until it yields `Some`, failing after `timeout` with `what`
@@ -582,18 +414,11 @@ pub async fn get_cr(api: &Api<DynamicObject>, name: &str) -> Option<Value> {
 }
 
 pub fn condition<'a>(cr: &'a Value, type_: &str) -> Option<&'a str> {
-    cr.pointer("/status/conditions")?
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)?
-        .get("status")?
-        .as_str()
+    cr.pointer("/status/conditions")?.as_array()?.iter().find(|c| c["type"] == type_)?.get("status")?.as_str()
 }
 
 pub fn phase(cr: &Value) -> &str {
-    cr.pointer("/status/phase")
-        .and_then(Value::as_str)
-        .unwrap_or("")
+    cr.pointer("/status/phase").and_then(Value::as_str).unwrap_or("")
 }
 
 /// A short description of the CR's state for failure messages.
@@ -603,8 +428,7 @@ pub fn summary(cr: &Value) -> String {
         phase(cr),
         cr.pointer("/status/readyReplicas").unwrap_or(&Value::Null),
         cr.pointer("/metadata/generation").unwrap_or(&Value::Null),
-        cr.pointer("/status/observedGeneration")
-            .unwrap_or(&Value::Null),
+        cr.pointer("/status/observedGeneration").unwrap_or(&Value::Null),
         cr.pointer("/status/conditions").unwrap_or(&Value::Null),
     )
 }
@@ -620,37 +444,25 @@ pub async fn wait_running(
 ) -> Duration {
     let api = kind.api(env);
     let sts: Api<StatefulSet> = env.api();
-    let (_, took) = wait_for(
-        &format!("{} {name} Running with {replicas} ready", kind.kind),
-        timeout,
-        || {
-            let (api, sts) = (api.clone(), sts.clone());
-            async move {
-                let cr = get_cr(&api, name).await.ok_or("CR not found")?;
-                let ok = phase(&cr) == "Running"
-                    && condition(&cr, "Available") == Some("True")
-                    && cr.pointer("/status/readyReplicas").and_then(Value::as_i64)
-                        == Some(replicas)
-                    && cr.pointer("/status/observedGeneration")
-                        == cr.pointer("/metadata/generation");
-                if !ok {
-                    return Err(summary(&cr));
-                }
-                let s = sts
-                    .get_opt(name)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .ok_or("no StatefulSet")?;
-                let st = s.status.unwrap_or_default();
-                if st.ready_replicas.unwrap_or(0) as i64 != replicas
-                    || st.replicas as i64 != replicas
-                {
-                    return Err(format!("CR Running but StatefulSet status {st:?}"));
-                }
-                Ok(())
+    let (_, took) = wait_for(&format!("{} {name} Running with {replicas} ready", kind.kind), timeout, || {
+        let (api, sts) = (api.clone(), sts.clone());
+        async move {
+            let cr = get_cr(&api, name).await.ok_or("CR not found")?;
+            let ok = phase(&cr) == "Running"
+                && condition(&cr, "Available") == Some("True")
+                && cr.pointer("/status/readyReplicas").and_then(Value::as_i64) == Some(replicas)
+                && cr.pointer("/status/observedGeneration") == cr.pointer("/metadata/generation");
+            if !ok {
+                return Err(summary(&cr));
             }
-        },
-    )
+            let s = sts.get_opt(name).await.map_err(|e| e.to_string())?.ok_or("no StatefulSet")?;
+            let st = s.status.unwrap_or_default();
+            if st.ready_replicas.unwrap_or(0) as i64 != replicas || st.replicas as i64 != replicas {
+                return Err(format!("CR Running but StatefulSet status {st:?}"));
+            }
+            Ok(())
+        }
+    })
     .await;
     took
 }
@@ -674,12 +486,7 @@ impl PhaseRecorder {
                     _ => continue,
                 };
                 for o in objs {
-                    let p = o
-                        .data
-                        .pointer("/status/phase")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string();
+                    let p = o.data.pointer("/status/phase").and_then(Value::as_str).unwrap_or("").to_string();
                     let mut s = rec.lock().unwrap_or_else(|e| e.into_inner());
                     if s.last() != Some(&p) {
                         s.push(p);
@@ -707,35 +514,14 @@ impl Drop for PhaseRecorder {
 }
 
 /// Names of the children of `instance` of one kind, via kubectl (any kind).
-pub fn child_names(
-    env: &TestEnv,
-    namespace: &str,
-    resource: &str,
-    instance: &str,
-) -> BTreeSet<String> {
+pub fn child_names(env: &TestEnv, namespace: &str, resource: &str, instance: &str) -> BTreeSet<String> {
     let out = env
         .kubectl()
-        .args([
-            "get",
-            resource,
-            "-n",
-            namespace,
-            "-l",
-            &format!("{INSTANCE_LABEL}={instance}"),
-            "-o",
-            "name",
-        ])
+        .args(["get", resource, "-n", namespace, "-l", &format!("{INSTANCE_LABEL}={instance}"), "-o", "name"])
         .output()
         .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl get {resource}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
+    assert!(out.status.success(), "kubectl get {resource}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
 }
 
 /// PVC name → uid of the instance's claims.
@@ -801,22 +587,17 @@ pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str, rbac:
                 let path = dir.join(rel);
                 let text = std::fs::read_to_string(&path)
                     .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-                let mut role: Value = yaml_serde::from_str(&text)
-                    .unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()));
+                let mut role: Value =
+                    yaml_serde::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()));
                 assert_eq!(role["kind"], "Role", "{}", path.display());
                 role["metadata"]["namespace"] = Value::String(ns.clone());
-                let name = role["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
+                let name = role["metadata"]["name"].as_str().unwrap_or_default().to_string();
                 items.push(role);
                 items.push(bind(&name));
             }
         }
         Rbac::Broad => {
-            let all = [
-                "get", "list", "watch", "create", "update", "patch", "delete",
-            ];
+            let all = ["get", "list", "watch", "create", "update", "patch", "delete"];
             let role = format!("{sa}-broad");
             items.push(serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                 "metadata": {"name": role, "namespace": ns},
@@ -827,28 +608,14 @@ pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str, rbac:
     }
     let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
     apply(env, ns, &list);
-    let token = env
-        .kubectl()
-        .args(["create", "token", sa, "-n", ns, "--duration", "2h"])
-        .output()
-        .expect("kubectl");
-    assert!(
-        token.status.success(),
-        "create token: {}",
-        String::from_utf8_lossy(&token.stderr)
-    );
+    let token =
+        env.kubectl().args(["create", "token", sa, "-n", ns, "--duration", "2h"]).output().expect("kubectl");
+    assert!(token.status.success(), "create token: {}", String::from_utf8_lossy(&token.stderr));
     let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
     let view = |path: &str| {
         let out = env
             .kubectl()
-            .args([
-                "config",
-                "view",
-                "--raw",
-                "--minify",
-                "-o",
-                &format!("jsonpath={path}"),
-            ])
+            .args(["config", "view", "--raw", "--minify", "-o", &format!("jsonpath={path}")])
             .output()
             .expect("kubectl");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -856,10 +623,7 @@ pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str, rbac:
     let server = view("{.clusters[0].cluster.server}");
     let ca = view("{.clusters[0].cluster.certificate-authority-data}");
     let ca_line = if ca.is_empty() {
-        format!(
-            "certificate-authority: {}",
-            view("{.clusters[0].cluster.certificate-authority}")
-        )
+        format!("certificate-authority: {}", view("{.clusters[0].cluster.certificate-authority}"))
     } else {
         format!("certificate-authority-data: {ca}")
     };
@@ -873,16 +637,8 @@ pub fn namespaced_operator_kubeconfig(env: &TestEnv, dir: &Path, sa: &str, rbac:
 
 /// The API server's /metrics text (admin).
 pub fn apiserver_metrics(env: &TestEnv) -> String {
-    let out = env
-        .kubectl()
-        .args(["get", "--raw", "/metrics"])
-        .output()
-        .expect("kubectl");
-    assert!(
-        out.status.success(),
-        "GET /metrics: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = env.kubectl().args(["get", "--raw", "/metrics"]).output().expect("kubectl");
+    assert!(out.status.success(), "GET /metrics: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -966,13 +722,7 @@ impl FloorState {
         let names: BTreeSet<&String> = self.members.keys().chain(self.killed.keys()).collect();
         let ready = names
             .into_iter()
-            .filter(|n| {
-                self.killed
-                    .get(*n)
-                    .or_else(|| self.members.get(*n))
-                    .copied()
-                    .unwrap_or(false)
-            })
+            .filter(|n| self.killed.get(*n).or_else(|| self.members.get(*n)).copied().unwrap_or(false))
             .count();
         (ready, raw)
     }
@@ -1045,7 +795,9 @@ impl ReadyFloor {
                 let mut guard = st.lock().unwrap_or_else(|e| e.into_inner());
                 let s = &mut *guard;
                 let pod = match &ev {
-                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p)) => Some(p),
+                    Ok(
+                        watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p),
+                    ) => Some(p),
                     _ => None,
                 };
                 let mut record = match &ev {
@@ -1054,10 +806,7 @@ impl ReadyFloor {
                     Ok(watcher::Event::Delete(p)) => describe("delete", Some(p)),
                     Ok(watcher::Event::Init) => describe("init", None),
                     Ok(watcher::Event::InitDone) => describe("init-done", None),
-                    Err(e) => PodEvent {
-                        name: e.to_string(),
-                        ..describe("error", None)
-                    },
+                    Err(e) => PodEvent { name: e.to_string(), ..describe("error", None) },
                 };
                 let counted = record.ready_condition && !record.deleting;
                 if let Some(p) = pod {
@@ -1067,11 +816,8 @@ impl ReadyFloor {
                         s.alive.insert(uid.clone());
                     } else if s.deleting.insert(uid.clone()) {
                         // The first sign of this pod's deletion: who began it?
-                        let own_grace = p
-                            .spec
-                            .as_ref()
-                            .and_then(|sp| sp.termination_grace_period_seconds)
-                            .unwrap_or(30);
+                        let own_grace =
+                            p.spec.as_ref().and_then(|sp| sp.termination_grace_period_seconds).unwrap_or(30);
                         let live = s.alive.contains(&uid) && !matches!(ev, Ok(watcher::Event::InitApply(_)));
                         if live && record.grace == Some(0) && own_grace > 0 {
                             record.fake_kubelet_kill = true;
@@ -1175,10 +921,7 @@ pub struct Teardown<'a> {
 
 impl<'a> Teardown<'a> {
     pub fn new(env: &'a TestEnv) -> Teardown<'a> {
-        Teardown {
-            env,
-            namespace: env.namespace.clone(),
-        }
+        Teardown { env, namespace: env.namespace.clone() }
     }
 }
 
@@ -1191,11 +934,8 @@ impl Drop for Teardown<'_> {
             let _ = cmd.stdout(Stdio::null()).stderr(Stdio::null()).status();
         };
         for kind in KINDS {
-            let Ok(out) = self
-                .env
-                .kubectl()
-                .args(["get", kind.plural, "-n", &self.namespace, "-o", "name"])
-                .output()
+            let Ok(out) =
+                self.env.kubectl().args(["get", kind.plural, "-n", &self.namespace, "-o", "name"]).output()
             else {
                 continue;
             };
@@ -1213,7 +953,10 @@ impl Drop for Teardown<'_> {
             }
         }
         if std::thread::panicking() {
-            eprintln!("e2e: deleting namespace {} of the failed test (STATEWARD_KEEP_NAMESPACES=1 keeps it)", self.namespace);
+            eprintln!(
+                "e2e: deleting namespace {} of the failed test (STATEWARD_KEEP_NAMESPACES=1 keeps it)",
+                self.namespace
+            );
             quiet(self.env.kubectl().args([
                 "delete",
                 "namespace",
@@ -1223,4 +966,19 @@ impl Drop for Teardown<'_> {
             ]));
         }
     }
+}
+
+/// Whether an Event with `reason` about `name` appears within 20 s (Events are written after
+/// the status, and asynchronously).
+pub async fn has_event(env: &TestEnv, name: &str, reason: &str) -> bool {
+    let events: Api<k8s_openapi::api::core::v1::Event> = env.api();
+    let fields = format!("involvedObject.name={name},reason={reason}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if events.list(&ListParams::default().fields(&fields)).await.is_ok_and(|l| !l.items.is_empty()) {
+            return true;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    false
 }

@@ -23,7 +23,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -39,49 +39,11 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client, Config, ResourceExt};
 use serde_json::{json, Value};
 
-/// One of the three kinds, as the benchmark creates it.
-#[derive(Debug, Clone, Copy)]
-pub struct Kind {
-    pub kind: &'static str,
-    pub plural: &'static str,
-    pub prefix: &'static str,
-    pub version: &'static str,
-    pub storage: &'static str,
-}
-
-pub const KINDS: [Kind; 3] = [
-    Kind {
-        kind: "PostgresCluster",
-        plural: "postgresclusters",
-        prefix: "pg",
-        version: "17.2",
-        storage: "1Gi",
-    },
-    Kind {
-        kind: "RedisCluster",
-        plural: "redisclusters",
-        prefix: "redis",
-        version: "7.4.1",
-        storage: "512Mi",
-    },
-    Kind {
-        kind: "ElasticsearchCluster",
-        plural: "elasticsearchclusters",
-        prefix: "es",
-        version: "8.15.3",
-        storage: "1Gi",
-    },
-];
+#[path = "../common/mod.rs"]
+mod common;
+pub use common::{http_get, sum_metric, target_dir, workspace_root, Kind, KINDS};
 
 impl Kind {
-    fn api_resource(&self) -> ApiResource {
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("stateward.dev", "v1", self.kind), self.plural)
-    }
-
-    fn api(&self, client: &Client, ns: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(client.clone(), ns, &self.api_resource())
-    }
-
     /// The benchmark's resource: one replica (one claim, one pod), small requests.
     /// `memory_limit` is what the change storm turns.
     fn manifest(&self, name: &str, namespace: &str, memory_limit: &str) -> Value {
@@ -231,20 +193,6 @@ pub fn fit(points: &[(f64, f64)]) -> Option<(f64, f64)> {
     Some((slope, my - slope * mx))
 }
 
-/// The workspace root (this file is host/tests/scale/mod.rs).
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default()
-}
-
-pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
-}
-
 /// The cluster, the operator binary and the plugins, ready for runs.
 pub struct Bench {
     pub client: Client,
@@ -264,10 +212,7 @@ impl Bench {
         for p in ["postgres", "redis", "elasticsearch"] {
             let f = plugin_dir.join(format!("{p}.wasm"));
             if !f.is_file() {
-                bail!(
-                    "{} is missing: build the plugins first with scripts/build-plugins",
-                    f.display()
-                );
+                bail!("{} is missing: build the plugins first with scripts/build-plugins", f.display());
             }
         }
         let wasm_cache = target_dir().join("scale-wasm-cache");
@@ -289,14 +234,7 @@ impl Bench {
         let crds = workspace_root().join("deploy").join("crds");
         let mut apply = bench.kubectl();
         apply
-            .args([
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "--field-manager",
-                "stateward-scale",
-                "-f",
-            ])
+            .args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-scale", "-f"])
             .arg(&crds);
         run_ok(&mut apply)?;
         let mut wait = bench.kubectl();
@@ -304,11 +242,7 @@ impl Bench {
         wait.args(KINDS.iter().map(|k| format!("crd/{}.stateward.dev", k.plural)));
         run_ok(&mut wait)?;
         let mut warm = Command::new(operator);
-        warm.arg("crds")
-            .arg("--plugin-dir")
-            .arg(&plugin_dir)
-            .arg("--wasm-cache")
-            .arg(&wasm_cache);
+        warm.arg("crds").arg("--plugin-dir").arg(&plugin_dir).arg("--wasm-cache").arg(&wasm_cache);
         run_ok(&mut warm)?;
         Ok(bench)
     }
@@ -326,16 +260,7 @@ impl Bench {
             .list(&ListParams::default())
             .await?
             .iter()
-            .filter_map(|n| {
-                n.status
-                    .as_ref()?
-                    .allocatable
-                    .as_ref()?
-                    .get("pods")?
-                    .0
-                    .parse::<usize>()
-                    .ok()
-            })
+            .filter_map(|n| n.status.as_ref()?.allocatable.as_ref()?.get("pods")?.0.parse::<usize>().ok())
             .sum();
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
         let free = pvs
@@ -360,11 +285,7 @@ impl Bench {
                 opts.n
             );
         }
-        let mut report = Report {
-            n: opts.n,
-            concurrency: opts.concurrency,
-            ..Report::default()
-        };
+        let mut report = Report { n: opts.n, concurrency: opts.concurrency, ..Report::default() };
         report.children_per_cr = self.children_per_cr(opts.n)?;
         if opts.baseline {
             self.baseline(opts, &mut report).await?;
@@ -376,10 +297,14 @@ impl Bench {
     /// The plan of resource i in namespace `ns`, rendered in-process like `stateward render`.
     fn plan(&self, i: usize, ns: &str) -> anyhow::Result<stateward::runtime::Plan> {
         let (kind, name) = resource(i);
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis() as u64;
-        let rendered = stateward::render::render(&self.registry, kind.manifest(&name, ns, MEMORY_BEFORE), &[], now_ms)?;
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+        let rendered = stateward::render::render(
+            &self.registry,
+            kind.manifest(&name, ns, MEMORY_BEFORE),
+            &[],
+            &[],
+            now_ms,
+        )?;
         Ok(rendered.plan)
     }
 
@@ -536,7 +461,7 @@ impl Bench {
             async move {
                 let (kind, name) = resource(i);
                 let obj: DynamicObject = serde_json::from_value(kind.manifest(&name, &ns, MEMORY_BEFORE))?;
-                kind.api(&client, &ns)
+                kind.api_with(&client, &ns)
                     .create(&PostParams::default(), &obj)
                     .await
                     .with_context(|| format!("creating {name}"))?;
@@ -630,7 +555,7 @@ impl Bench {
                     let (kind, name) = resource(i);
                     let patch = json!({"spec": {"resources": {"limits": {"memory": MEMORY_AFTER}}}});
                     let obj = kind
-                        .api(&client, &ns)
+                        .api_with(&client, &ns)
                         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                         .await
                         .with_context(|| format!("patching {name}"))?;
@@ -640,9 +565,8 @@ impl Bench {
             .buffer_unordered(16)
             .try_collect::<BTreeMap<String, i64>>()
             .await?;
-            let (available, secs) = self
-                .wait_converged(ns, n, Some(&generations), opts.timeout, storm_started)
-                .await?;
+            let (available, secs) =
+                self.wait_converged(ns, n, Some(&generations), opts.timeout, storm_started).await?;
             if available < n {
                 bail!(
                     "storm: only {available} of {n} resources back at their generation after {:?}",
@@ -676,16 +600,15 @@ impl Bench {
         loop {
             let mut done = 0;
             for kind in KINDS {
-                for cr in kind.api(&self.client, ns).list(&ListParams::default()).await? {
+                for cr in kind.api_with(&self.client, ns).list(&ListParams::default()).await? {
                     let gen = cr.metadata.generation.unwrap_or(0);
                     let want = generations.and_then(|g| g.get(&cr.name_any()).copied()).unwrap_or(0);
                     let observed = cr.data.pointer("/status/observedGeneration").and_then(Value::as_i64);
                     let phase = cr.data.pointer("/status/phase").and_then(Value::as_str);
-                    let available = cr
-                        .data
-                        .pointer("/status/conditions")
-                        .and_then(Value::as_array)
-                        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Available" && c["status"] == "True"));
+                    let available =
+                        cr.data.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|cs| {
+                            cs.iter().any(|c| c["type"] == "Available" && c["status"] == "True")
+                        });
                     if available && phase == Some("Running") && observed == Some(gen) && gen >= want {
                         done += 1;
                     }
@@ -728,13 +651,9 @@ impl Bench {
     async fn delete_namespace(&self, ns: &str, timeout: Duration) -> anyhow::Result<()> {
         let started = Instant::now();
         for kind in KINDS {
-            let api = kind.api(&self.client, ns);
-            let names: Vec<String> = api
-                .list(&ListParams::default())
-                .await?
-                .iter()
-                .map(ResourceExt::name_any)
-                .collect();
+            let api = kind.api_with(&self.client, ns);
+            let names: Vec<String> =
+                api.list(&ListParams::default()).await?.iter().map(ResourceExt::name_any).collect();
             futures::stream::iter(names.into_iter().map(|name| {
                 let api = api.clone();
                 async move {
@@ -772,10 +691,7 @@ impl Bench {
                 .await?
                 .iter()
                 .filter(|p| {
-                    p.spec
-                        .as_ref()
-                        .and_then(|s| s.claim_ref.as_ref())
-                        .and_then(|c| c.namespace.as_deref())
+                    p.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).and_then(|c| c.namespace.as_deref())
                         == Some(ns)
                 })
                 .count();
@@ -787,18 +703,16 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        eprintln!(
-            "scale: namespace {ns} deleted and its volumes freed in {:.1?}",
-            started.elapsed()
-        );
+        eprintln!("scale: namespace {ns} deleted and its volumes freed in {:.1?}", started.elapsed());
         Ok(())
     }
 
     /// A ServiceAccount of `ns` with either the project's namespaced Roles (operator) or a
     /// broad Role (loader), and a token kubeconfig for it.
     fn service_account(&self, ns: &str, sa: &str, rbac: Rbac, dir: &Path) -> anyhow::Result<PathBuf> {
-        let mut items =
-            vec![json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}})];
+        let mut items = vec![
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}}),
+        ];
         let bind = |role: &str| {
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                 "metadata": {"name": format!("{sa}-{role}"), "namespace": ns},
@@ -809,7 +723,8 @@ impl Bench {
             Rbac::Project => {
                 for rel in ["namespaced/role.yaml", "operator-namespace/role.yaml"] {
                     let path = workspace_root().join("deploy").join("rbac").join(rel);
-                    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+                    let text = std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?;
                     let mut role: Value =
                         yaml_serde::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
                     role["metadata"]["namespace"] = Value::String(ns.to_string());
@@ -832,14 +747,7 @@ impl Bench {
         token.args(["create", "token", sa, "-n", ns, "--duration", "6h"]);
         let token = run_ok(&mut token)?.trim().to_string();
         let mut server = self.kubectl();
-        server.args([
-            "config",
-            "view",
-            "--raw",
-            "--minify",
-            "-o",
-            "jsonpath={.clusters[0].cluster.server}",
-        ]);
+        server.args(["config", "view", "--raw", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"]);
         let server = run_ok(&mut server)?.trim().to_string();
         let mut ca = self.kubectl();
         ca.args([
@@ -1017,13 +925,9 @@ async fn load_one(
                 let ar = apis.get(&key).with_context(|| format!("no API resource for {key}"))?;
                 let name = str_at(&object, "/metadata/name").to_string();
                 let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, ar);
-                api.patch(
-                    &name,
-                    &PatchParams::apply("scale-loader").force(),
-                    &Patch::Apply(&object),
-                )
-                .await
-                .with_context(|| format!("applying {key} {name}"))?;
+                api.patch(&name, &PatchParams::apply("scale-loader").force(), &Patch::Apply(&object))
+                    .await
+                    .with_context(|| format!("applying {key} {name}"))?;
             }
             Action::EnsureSecret { secret } => {
                 let api: Api<Secret> = Api::namespaced(client.clone(), ns);
@@ -1031,24 +935,19 @@ async fn load_one(
                     .keys
                     .iter()
                     .map(|(k, bytes)| {
-                        (
-                            k.clone(),
-                            k8s_openapi::ByteString(vec![b'x'; (*bytes).clamp(8, 1024) as usize]),
-                        )
+                        (k.clone(), k8s_openapi::ByteString(vec![b'x'; (*bytes).clamp(8, 1024) as usize]))
                     })
                     .collect();
                 let obj: Secret = serde_json::from_value(json!({
                     "metadata": {"name": secret.name, "labels": secret.labels.iter().cloned().collect::<BTreeMap<_, _>>()},
                 }))?;
-                let obj = Secret {
-                    data: Some(data),
-                    ..obj
-                };
+                let obj = Secret { data: Some(data), ..obj };
                 api.create(&PostParams::default(), &obj)
                     .await
                     .with_context(|| format!("creating Secret {}", secret.name))?;
             }
-            Action::Delete { .. } => {}
+            // Nothing is running under the loader: no pod to label or ask.
+            Action::Delete { .. } | Action::LabelPod { .. } | Action::Exec { .. } | Action::Http { .. } => {}
         }
     }
     Ok(())
@@ -1074,10 +973,7 @@ impl Operator {
             .env_remove("STATEWARD_NAMESPACE")
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_NAME")
-            .env(
-                "RUST_LOG",
-                std::env::var("STATEWARD_SCALE_RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
+            .env("RUST_LOG", std::env::var("STATEWARD_SCALE_RUST_LOG").unwrap_or_else(|_| "info".into()))
             .args(["run", "--namespace", ns, "--lease-namespace", ns])
             .args(["--http-addr", &format!("127.0.0.1:{port}")])
             .args(["--concurrency", &opts.concurrency.to_string()])
@@ -1106,13 +1002,7 @@ impl Operator {
             child.id(),
             log.display()
         );
-        Ok(Operator {
-            child,
-            port,
-            log,
-            audit,
-            clk_tck,
-        })
+        Ok(Operator { child, port, log, audit, clk_tck })
     }
 
     fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
@@ -1146,17 +1036,10 @@ impl Operator {
     /// User + system CPU seconds so far (/proc/<pid>/stat fields 14 and 15).
     fn cpu_secs(&self) -> anyhow::Result<f64> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
-        let after = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest)
-            .context("malformed /proc stat")?;
+        let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("malformed /proc stat")?;
         let fields: Vec<&str> = after.split_whitespace().collect();
-        let ticks = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|f| f.parse::<f64>().ok())
-                .context("malformed /proc stat")
-        };
+        let ticks =
+            |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).context("malformed /proc stat");
         Ok((ticks(11)? + ticks(12)?) / self.clk_tck)
     }
 
@@ -1166,12 +1049,7 @@ impl Operator {
         let kib = status
             .lines()
             .find_map(|l| {
-                l.strip_prefix(field)?
-                    .strip_prefix(':')?
-                    .split_whitespace()
-                    .next()?
-                    .parse::<f64>()
-                    .ok()
+                l.strip_prefix(field)?.strip_prefix(':')?.split_whitespace().next()?.parse::<f64>().ok()
             })
             .with_context(|| format!("no {field} in /proc status"))?;
         Ok(kib / 1024.0)
@@ -1204,7 +1082,8 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
 }
 
 pub async fn client_for(kubeconfig: &Path) -> anyhow::Result<Client> {
-    let kc = Kubeconfig::read_from(kubeconfig).with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let kc =
+        Kubeconfig::read_from(kubeconfig).with_context(|| format!("reading {}", kubeconfig.display()))?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     Ok(Client::try_from(config)?)
 }
@@ -1227,33 +1106,6 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// A minimal HTTP/1.0 GET on loopback.
-fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf.as_str(), ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("no status line")?;
-    Ok((code, body.to_string()))
-}
-
-/// Sums every sample of `name` whose labels contain all of `labels`.
-pub fn sum_metric(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b'{') | Some(b' ')))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// `histogram_quantile` over every series of a histogram (all labels summed), linear within
 /// the bucket like Prometheus; the highest finite bound when the rank falls in +Inf.
 pub fn histogram_quantile(text: &str, name: &str, q: f64) -> f64 {
@@ -1263,11 +1115,7 @@ pub fn histogram_quantile(text: &str, name: &str, q: f64) -> f64 {
         let Some(le) = line.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
             continue;
         };
-        let bound = if le == "+Inf" {
-            f64::INFINITY
-        } else {
-            le.parse::<f64>().unwrap_or(f64::NAN)
-        };
+        let bound = if le == "+Inf" { f64::INFINITY } else { le.parse::<f64>().unwrap_or(f64::NAN) };
         let Some(count) = line.rsplit(' ').next().and_then(|c| c.parse::<f64>().ok()) else {
             continue;
         };

@@ -9,11 +9,23 @@ const BOOL: ParamKind = ParamKind::OneOf(&["true", "false"]);
 pub const PARAMETERS: &[ParamRule] = &[
     ParamRule { key: "action.destructive_requires_name", kind: BOOL, default: Some("true") },
     ParamRule { key: "cluster.routing.allocation.disk.threshold_enabled", kind: BOOL, default: None },
-    ParamRule { key: "indices.query.bool.max_clause_count", kind: ParamKind::Int { min: 1, max: 100_000 }, default: None },
+    ParamRule {
+        key: "indices.query.bool.max_clause_count",
+        kind: ParamKind::Int { min: 1, max: 100_000 },
+        default: None,
+    },
     ParamRule { key: "search.max_buckets", kind: ParamKind::Int { min: 1, max: 1_000_000 }, default: None },
-    ParamRule { key: "thread_pool.write.queue_size", kind: ParamKind::Int { min: -1, max: 100_000 }, default: None },
+    ParamRule {
+        key: "thread_pool.write.queue_size",
+        kind: ParamKind::Int { min: -1, max: 100_000 },
+        default: None,
+    },
     ParamRule { key: "http.max_content_length", kind: ParamKind::Size(&["kb", "mb", "gb"]), default: None },
-    ParamRule { key: "indices.memory.index_buffer_size", kind: ParamKind::Size(&["%", "mb", "gb"]), default: None },
+    ParamRule {
+        key: "indices.memory.index_buffer_size",
+        kind: ParamKind::Size(&["%", "mb", "gb"]),
+        default: None,
+    },
     ParamRule { key: "ingest.geoip.downloader.enabled", kind: BOOL, default: Some("false") },
 ];
 

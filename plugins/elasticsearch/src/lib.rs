@@ -5,12 +5,18 @@
 #![forbid(unsafe_code)]
 
 mod config;
+pub mod live;
+
+/// The REST port.
+const HTTP_PORT: u16 = 9200;
 
 use serde_json::{json, Map, Value};
 use stateward_sdk::builders::objects::Port;
-use stateward_sdk::builders::statefulset::{env_from_secret, http_probe, ContainerSpec, Identity, ResourceDefaults};
+use stateward_sdk::builders::statefulset::{
+    env_from_secret, http_probe, ContainerSpec, Identity, ResourceDefaults,
+};
 use stateward_sdk::builders::Ctx;
-use stateward_sdk::driver::{Blueprint, ClientService};
+use stateward_sdk::driver::{Blueprint, ClientService, Members};
 use stateward_sdk::params::ParamRule;
 use stateward_sdk::spec::{version_numbers, Cluster};
 use stateward_sdk::status::Derived;
@@ -31,10 +37,15 @@ impl Blueprint for Elasticsearch {
     const SHORT: &'static str = "esc";
     const COMPONENT: &'static str = "search";
     const CONFIG_FILE: &'static str = "elasticsearch.yml";
-    const PORTS: &'static [Port] = &[Port { name: "http", port: 9200 }, Port { name: "transport", port: 9300 }];
+    const PORTS: &'static [Port] =
+        &[Port { name: "http", port: HTTP_PORT }, Port { name: "transport", port: 9300 }];
     const SECRET_KEYS: &'static [(&'static str, u32)] = &[("password", 24)];
     const PARAMETERS: &'static [ParamRule] = config::PARAMETERS;
     const FORBIDDEN: &'static [&'static str] = config::FORBIDDEN;
+    const NO_PRIMARY: Option<&'static str> = Some(
+        "an Elasticsearch cluster has no primary to switch over to: its master is elected among the \
+         master-eligible nodes, and every data node serves writes for the shards it holds",
+    );
 
     fn default_image(version: &str) -> String {
         format!("docker.elastic.co/elasticsearch/elasticsearch:{version}")
@@ -56,6 +67,7 @@ impl Blueprint for Elasticsearch {
             ports: Self::PORTS.to_vec(),
             readiness: http_probe(health, "http", 10, 10, 5, 3),
             liveness: http_probe(health, "http", 90, 20, 10, 6),
+            startup: None,
             data_mount: "/usr/share/elasticsearch/data",
             extra_mounts: vec![json!({
                 "name": "config",
@@ -63,6 +75,7 @@ impl Blueprint for Elasticsearch {
                 "subPath": "elasticsearch.yml",
                 "readOnly": true,
             })],
+            extra_volumes: Vec::new(),
             identity: Identity { uid: 1000, gid: 1000 },
             defaults: ResourceDefaults {
                 request_cpu: "500m",
@@ -73,24 +86,28 @@ impl Blueprint for Elasticsearch {
             termination_grace_seconds: 120,
             // Nodes discover each other and elect a master together: start them all at once.
             parallel: true,
+            rolled_by_plugin: false,
+            pre_stop: None,
         }
     }
 
     fn client_services() -> Vec<ClientService> {
-        vec![ClientService { suffix: "http", primary_only: false }]
+        vec![ClientService { suffix: "http", members: Members::All }]
     }
 
     fn status_extra(_ctx: &Ctx, _derived: &Derived) -> Map<String, Value> {
-        // Cluster health needs a call to the service (a later `request` action): unknown until then.
+        // Until the cluster answers GET /_cluster/health (see live.rs), its health is unknown.
         let mut m = Map::new();
-        m.insert("health".into(), json!("unknown"));
+        m.insert("clusterHealth".into(), json!({ "status": "unknown" }));
         m
     }
 
+    fn live(ctx: &Ctx, input: &stateward_sdk::live::LiveInput) -> stateward_sdk::live::Live {
+        live::live(ctx, input, HTTP_PORT)
+    }
+
     fn status_extra_schema() -> Map<String, Value> {
-        let mut m = Map::new();
-        m.insert("health".into(), json!({ "type": "string", "enum": ["green", "yellow", "red", "unknown"] }));
-        m
+        live::schema()
     }
 
     fn validate_update(new: &Cluster, old: &Cluster) -> Vec<FieldError> {

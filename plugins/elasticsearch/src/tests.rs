@@ -54,7 +54,7 @@ fn pods_check_cluster_health_and_mount_the_config_file() {
     assert_eq!(names, ["logs-headless", "logs-http"]);
     assert_eq!(services[0]["spec"]["publishNotReadyAddresses"], true);
     assert_eq!(services[0]["spec"]["ports"].as_array().unwrap().len(), 2);
-    assert_eq!(tk::extra(&p)["health"], "unknown");
+    assert_eq!(tk::extra(&p)["clusterHealth"]["status"], "unknown");
     let r = &c["resources"];
     assert_eq!(r["limits"]["memory"], "2Gi");
 }
@@ -62,7 +62,10 @@ fn pods_check_cluster_health_and_mount_the_config_file() {
 #[test]
 fn unsafe_updates_are_refused() {
     let errs = |old: &Value, new: &Value| -> Vec<String> {
-        Elasticsearch::validate(&new.to_string(), Some(&old.to_string())).into_iter().map(|e| e.message).collect()
+        Elasticsearch::validate(&new.to_string(), Some(&old.to_string()))
+            .into_iter()
+            .map(|e| e.message)
+            .collect()
     };
     let mut five = tk::cr("ElasticsearchCluster", "logs", spec());
     five["spec"]["replicas"] = json!(5);
@@ -83,5 +86,48 @@ fn unsafe_updates_are_refused() {
     assert!(errs(&five, &next).is_empty());
     let mut sec = five.clone();
     sec["spec"]["parameters"] = json!({ "xpack.security.enabled": "true" });
-    assert_eq!(Elasticsearch::validate(&sec.to_string(), None)[0].path, "spec.parameters.xpack.security.enabled");
+    assert_eq!(
+        Elasticsearch::validate(&sec.to_string(), None)[0].path,
+        "spec.parameters.xpack.security.enabled"
+    );
+}
+
+/// Health is asked through the http Service only once the host observes it: a plan that asked
+/// through a Service not yet seen (a ready pod before the Service, or the Service deleted) would
+/// be refused whole by the guardrails, the Service's own apply with it, and never recover.
+#[test]
+fn health_is_asked_through_the_http_service_only_once_it_is_observed() {
+    let cr = tk::cr("ElasticsearchCluster", "logs", spec());
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "logs-0", "labels": {"stateward.dev/instance": "logs"}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    });
+    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "logs-http"}});
+    let asks = |children: &[Value]| {
+        let plan = Elasticsearch::reconcile(tk::observed(&cr, children)).unwrap();
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                stateward_sdk::Action::Http(h) => Some(h.target.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(asks(std::slice::from_ref(&pod)).is_empty(), "no Service observed yet");
+    let plan = Elasticsearch::reconcile(tk::observed(&cr, std::slice::from_ref(&pod))).unwrap();
+    assert!(plan
+        .actions
+        .iter()
+        .any(|a| matches!(a, stateward_sdk::Action::Apply(o) if o.contains("\"logs-http\""))));
+    assert_eq!(asks(&[pod, service]), [stateward_sdk::HttpTarget::Service("logs-http".into())]);
+}
+
+#[test]
+fn a_switchover_is_refused_with_the_reason() {
+    let mut cr = tk::cr("ElasticsearchCluster", "logs", spec());
+    cr["metadata"]["annotations"] = json!({ "stateward.dev/switchover-to": "logs-1" });
+    let errs = Elasticsearch::validate(&cr.to_string(), None);
+    let refusal = errs.iter().find(|e| e.path == "metadata.annotations[stateward.dev/switchover-to]");
+    assert!(refusal.is_some_and(|e| e.message.contains("no primary")), "{errs:?}");
 }

@@ -14,10 +14,7 @@ pub const CONVERSION_ANNOTATION: &str = "stateward.dev/conversion-data";
 
 /// Converts a CR of any stateward kind to `to_version`: "v1" or the full "stateward.dev/v1".
 pub fn convert(object: &str, to_version: &str) -> Result<String, String> {
-    let to_version = to_version
-        .strip_prefix(GROUP)
-        .and_then(|v| v.strip_prefix('/'))
-        .unwrap_or(to_version);
+    let to_version = to_version.strip_prefix(GROUP).and_then(|v| v.strip_prefix('/')).unwrap_or(to_version);
     let mut obj = parse_object(object).map_err(|e| e.message)?;
     let from = obj
         .get("apiVersion")

@@ -71,7 +71,32 @@ pub fn log(level: Level, message: &str) {
 }
 
 fn observed(o: wit::Observed) -> Observed {
-    Observed { resource: o.resource, children: o.children, now_ms: o.now_ms }
+    Observed {
+        resource: o.resource,
+        children: o.children,
+        now_ms: o.now_ms,
+        responses: o
+            .responses
+            .into_iter()
+            .map(|r| Response {
+                id: r.id,
+                code: r.code,
+                stdout: r.stdout,
+                stderr: r.stderr,
+                truncated: r.truncated,
+                error: r.error,
+                started_at_ms: r.started_at_ms,
+                duration_ms: r.duration_ms,
+            })
+            .collect(),
+    }
+}
+
+fn mode(m: RequestMode) -> wit::RequestMode {
+    match m {
+        RequestMode::Once => wit::RequestMode::Once,
+        RequestMode::EveryMs(ms) => wit::RequestMode::Every(ms),
+    }
 }
 
 fn kind(k: KindInfo) -> wit::KindInfo {
@@ -134,15 +159,46 @@ fn event(e: Event) -> wit::Event {
 fn action(a: Action) -> wit::Action {
     match a {
         Action::Apply(json) => wit::Action::Apply(json),
-        Action::Delete(r) => wit::Action::Delete(wit::ObjectRef {
-            api_version: r.api_version,
-            kind: r.kind,
-            name: r.name,
-        }),
+        Action::Delete(r) => {
+            wit::Action::Delete(wit::ObjectRef { api_version: r.api_version, kind: r.kind, name: r.name })
+        }
         Action::EnsureSecret(s) => wit::Action::EnsureSecret(wit::SecretRequest {
             name: s.name,
             keys: s.keys,
             labels: s.labels,
+            derived: s.derived.into_iter().map(|(key, template)| wit::DerivedKey { key, template }).collect(),
+        }),
+        Action::LabelPod(p) => {
+            wit::Action::LabelPod(wit::PodLabels { pod: p.pod, labels: p.labels, annotations: p.annotations })
+        }
+        Action::Exec(e) => wit::Action::Exec(wit::ExecRequest {
+            id: e.id,
+            mode: mode(e.mode),
+            pod: e.pod,
+            container: e.container,
+            command: e.command,
+            stdin: e.stdin,
+            timeout_ms: e.timeout_ms,
+        }),
+        Action::Http(h) => wit::Action::Http(wit::HttpRequest {
+            id: h.id,
+            mode: mode(h.mode),
+            target: match h.target {
+                HttpTarget::Pod(p) => wit::HttpTarget::Pod(p),
+                HttpTarget::Service(s) => wit::HttpTarget::Service(s),
+            },
+            port: h.port,
+            tls: h.tls.map(|t| wit::HttpTls { ca_secret: t.ca_secret, server_name: t.server_name }),
+            method: h.method,
+            path: h.path,
+            headers: h.headers,
+            body: h.body,
+            basic_auth: h.basic_auth.map(|a| wit::SecretBasicAuth {
+                secret: a.secret,
+                username_key: a.username_key,
+                password_key: a.password_key,
+            }),
+            timeout_ms: h.timeout_ms,
         }),
     }
 }

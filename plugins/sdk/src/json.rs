@@ -42,7 +42,11 @@ mod tests {
     #[test]
     fn object_keys_serialise_sorted() {
         let v = json!({ "b": 1, "a": { "d": 2, "c": 3 } });
-        assert_eq!(super::to_text(&v), r#"{"a":{"c":3,"d":2},"b":1}"#, "serde_json preserve_order is enabled");
+        assert_eq!(
+            super::to_text(&v),
+            r#"{"a":{"c":3,"d":2},"b":1}"#,
+            "serde_json preserve_order is enabled"
+        );
     }
 
     #[test]

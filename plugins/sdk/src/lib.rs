@@ -9,13 +9,15 @@ pub mod builders;
 pub mod convert;
 pub mod driver;
 pub mod json;
+pub mod live;
 pub mod params;
+pub mod scheduling;
 pub mod schema;
 pub mod spec;
 pub mod status;
-pub mod types;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod types;
 
 pub use types::*;
 
@@ -25,7 +27,7 @@ pub use types::*;
 pub mod bindings {
     wit_bindgen::generate!({
         world: "plugin",
-        path: "../../wit",
+        path: "../../wit/v0.2",
         pub_export_macro: true,
         default_bindings_module: "stateward_sdk::bindings",
     });
@@ -99,7 +101,7 @@ macro_rules! export_plugin {
                     $crate::glue::convert::<$ty>(object, to_version)
                 }
             }
-            $crate::bindings::export!(StatewardExport with_types_in $crate::bindings);
+    $crate::bindings::export!(StatewardExport with_types_in $crate::bindings);
         };
     };
 }

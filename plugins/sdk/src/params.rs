@@ -87,10 +87,8 @@ fn check_value(kind: ParamKind, value: &str) -> Result<(), String> {
 
 /// Defaults from the rules, overridden by the spec: the effective server configuration.
 pub fn effective(params: &BTreeMap<String, String>, rules: &[ParamRule]) -> BTreeMap<String, String> {
-    let mut out: BTreeMap<String, String> = rules
-        .iter()
-        .filter_map(|r| r.default.map(|d| (r.key.to_string(), d.to_string())))
-        .collect();
+    let mut out: BTreeMap<String, String> =
+        rules.iter().filter_map(|r| r.default.map(|d| (r.key.to_string(), d.to_string()))).collect();
     for (k, v) in params {
         if rules.iter().any(|r| r.key == k) {
             out.insert(k.clone(), v.clone());
@@ -111,15 +109,22 @@ mod tests {
 
     #[test]
     fn rules_are_enforced() {
-        let p: BTreeMap<String, String> = [("n", "11"), ("s", "12XB"), ("t", "a'b"), ("x", "1"), ("port", "1")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let p: BTreeMap<String, String> =
+            [("n", "11"), ("s", "12XB"), ("t", "a'b"), ("x", "1"), ("port", "1")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
         let errs = check_parameters(&p, RULES, &["port"]);
         let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(
             paths,
-            ["spec.parameters.n", "spec.parameters.port", "spec.parameters.s", "spec.parameters.t", "spec.parameters.x"]
+            [
+                "spec.parameters.n",
+                "spec.parameters.port",
+                "spec.parameters.s",
+                "spec.parameters.t",
+                "spec.parameters.x"
+            ]
         );
         let ok: BTreeMap<String, String> =
             [("n".to_string(), "7".to_string()), ("s".to_string(), "64MB".to_string())].into();

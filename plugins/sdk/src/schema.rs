@@ -53,8 +53,25 @@ fn common_spec_properties() -> Map<String, Value> {
             "description": "What happens to the volumes when the cluster is deleted.",
         }),
     );
+    p.insert(
+        "paused".into(),
+        json!({
+            "type": "boolean",
+            "description": "While true the operator changes nothing of the cluster (status says \
+                            Paused); a spec change waits until it is false again. Certificates \
+                            are still renewed.",
+        }),
+    );
     p.insert("resources".into(), resources());
-    p.insert("priorityClassName".into(), json!({ "type": "string" }));
+    p.insert(
+        "priorityClassName".into(),
+        json!({
+            "type": "string",
+            "description": "Deprecated: use scheduling.priorityClassName. Still honoured when that is \
+                            absent; the two may not differ.",
+        }),
+    );
+    p.insert("scheduling".into(), crate::scheduling::schema());
     p.insert(
         "parameters".into(),
         json!({
@@ -70,9 +87,11 @@ fn immutable(message: &str) -> Value {
     json!([{ "rule": "self == oldSelf", "message": message }])
 }
 
-/// The v1 spec: nested `storage`, plus `deletionProtection`.
-pub fn spec_v1() -> Value {
+/// The v1 spec: nested `storage`, plus `deletionProtection`; `extra` adds the service's own
+/// fields.
+pub fn spec_v1(extra: &Map<String, Value>) -> Value {
     let mut p = common_spec_properties();
+    p.extend(extra.clone());
     p.insert(
         "storage".into(),
         json!({
@@ -98,9 +117,11 @@ pub fn spec_v1() -> Value {
     json!({ "type": "object", "required": ["version", "storage"], "properties": p })
 }
 
-/// The v1alpha1 spec: flat `storageSize`/`storageClassName`, no `deletionProtection`.
-pub fn spec_v1alpha1() -> Value {
+/// The v1alpha1 spec: flat `storageSize`/`storageClassName`, no `deletionProtection`; `extra`
+/// adds the service's own fields (the same in both versions).
+pub fn spec_v1alpha1(extra: &Map<String, Value>) -> Value {
     let mut p = common_spec_properties();
+    p.extend(extra.clone());
     p.insert("storageSize".into(), json!({ "type": "string" }));
     p.insert(
         "storageClassName".into(),
@@ -134,6 +155,24 @@ pub fn status(extra: &Map<String, Value>) -> Value {
                     "message": { "type": "string" },
                     "lastTransitionTime": { "type": "string", "format": "date-time" },
                     "observedGeneration": { "type": "integer", "format": "int64" },
+                },
+            },
+        }),
+    );
+    // The host's durable record of one-shot requests (WIT 0.2): it must survive pruning.
+    p.insert(
+        "requests".into(),
+        json!({
+            "type": "object",
+            "description": "One-shot requests the operator sent to the running service, by id; each is sent at most once.",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    "state": { "type": "string", "enum": ["Sent", "Answered"] },
+                    "sentAtMs": { "type": "integer", "format": "int64" },
+                    "code": { "type": "integer", "format": "int32" },
+                    "error": { "type": "string" },
+                    "durationMs": { "type": "integer", "format": "int64" },
                 },
             },
         }),
@@ -178,7 +217,13 @@ pub fn printer_columns() -> Value {
 }
 
 /// The kind with both versions: v1alpha1 (served, deprecated) and v1 (served, storage).
-pub fn kind_info(kind: &str, plural: &str, short: &str, status_extra: &Map<String, Value>) -> KindInfo {
+pub fn kind_info(
+    kind: &str,
+    plural: &str,
+    short: &str,
+    spec_extra: &Map<String, Value>,
+    status_extra: &Map<String, Value>,
+) -> KindInfo {
     let status = status(status_extra);
     let columns = to_text(&printer_columns());
     KindInfo {
@@ -193,7 +238,7 @@ pub fn kind_info(kind: &str, plural: &str, short: &str, status_extra: &Map<Strin
                 served: true,
                 storage: false,
                 deprecated: true,
-                schema: to_text(&object(spec_v1alpha1(), status.clone())),
+                schema: to_text(&object(spec_v1alpha1(spec_extra), status.clone())),
                 printer_columns: columns.clone(),
             },
             CrdVersion {
@@ -201,7 +246,7 @@ pub fn kind_info(kind: &str, plural: &str, short: &str, status_extra: &Map<Strin
                 served: true,
                 storage: true,
                 deprecated: false,
-                schema: to_text(&object(spec_v1(), status)),
+                schema: to_text(&object(spec_v1(spec_extra), status)),
                 printer_columns: columns,
             },
         ],

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::json::{at, i64_at, str_at};
+use crate::scheduling::{self, Scheduling};
 use crate::types::FieldError;
 
 /// Objects larger than this are refused before parsing: no CR of ours comes near it.
@@ -65,9 +66,15 @@ pub struct ClusterSpec {
     pub storage: Storage,
     pub retention: Retention,
     pub resources: Resources,
-    pub priority_class_name: Option<String>,
+    /// `spec.scheduling`, with the deprecated `spec.priorityClassName` folded in.
+    pub scheduling: Scheduling,
     pub deletion_protection: bool,
+    /// `spec.paused`: the operator makes no change to the children until it is false again.
+    pub paused: bool,
     pub parameters: BTreeMap<String, String>,
+    /// The whole `spec` as given, for the plugin's own fields (`Blueprint::spec_extra_schema`,
+    /// checked by `Blueprint::validate_spec` before a reconcile sees them).
+    pub raw: Value,
 }
 
 /// A parsed custom resource.
@@ -78,8 +85,16 @@ pub struct Cluster {
     pub deleting: bool,
     /// `.status.phase` as last written, to notice phase changes.
     pub last_phase: Option<String>,
+    /// The [`RESTARTED_AT_ANNOTATION`] value: a change rolls the pods in the service's order.
+    pub restarted_at: Option<String>,
     pub spec: ClusterSpec,
 }
+
+/// Annotation on a resource asking for a rolling restart (any new value, usually the time it
+/// was asked, as `kubectl stateward restart` writes it); copied onto the pod template.
+pub const RESTARTED_AT_ANNOTATION: &str = "stateward.dev/restarted-at";
+/// Longest [`RESTARTED_AT_ANNOTATION`] value: it lands in every pod template.
+const MAX_RESTARTED_AT_BYTES: usize = 64;
 
 /// Parses JSON text into an object, refusing oversized or non-object input.
 pub fn parse_object(text: &str) -> Result<Value, FieldError> {
@@ -89,8 +104,8 @@ pub fn parse_object(text: &str) -> Result<Value, FieldError> {
             format!("object is {} bytes, more than the {MAX_OBJECT_BYTES} allowed", text.len()),
         ));
     }
-    let v: Value = serde_json::from_str(text)
-        .map_err(|e| FieldError::new("", format!("not valid JSON: {e}")))?;
+    let v: Value =
+        serde_json::from_str(text).map_err(|e| FieldError::new("", format!("not valid JSON: {e}")))?;
     if !v.is_object() {
         return Err(FieldError::new("", "expected a JSON object"));
     }
@@ -164,15 +179,10 @@ pub fn parse_cluster(obj: &Value) -> Result<Cluster, Vec<FieldError>> {
         }
     };
     let resources = parse_resources(spec, &mut errs);
-    let priority_class_name = opt_string(spec, "priorityClassName", "spec.priorityClassName", &mut errs);
-    let deletion_protection = match spec.get("deletionProtection") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            errs.push(FieldError::new("spec.deletionProtection", "must be a boolean"));
-            false
-        }
-    };
+    let scheduling = scheduling::parse(spec, &mut errs);
+    let deletion_protection = opt_bool(spec, "deletionProtection", &mut errs);
+    let paused = opt_bool(spec, "paused", &mut errs);
+    let restarted_at = restarted_at(obj, &mut errs);
     let mut parameters = BTreeMap::new();
     match spec.get("parameters") {
         None => {}
@@ -196,6 +206,7 @@ pub fn parse_cluster(obj: &Value) -> Result<Cluster, Vec<FieldError>> {
         generation: i64_at(obj, &["metadata", "generation"]).unwrap_or(0),
         deleting: at(obj, &["metadata", "deletionTimestamp"]).is_some_and(|v| !v.is_null()),
         last_phase: str_at(obj, &["status", "phase"]).map(str::to_string),
+        restarted_at,
         spec: ClusterSpec {
             version,
             replicas,
@@ -203,11 +214,43 @@ pub fn parse_cluster(obj: &Value) -> Result<Cluster, Vec<FieldError>> {
             storage,
             retention,
             resources,
-            priority_class_name,
+            scheduling,
             deletion_protection,
+            paused,
             parameters,
+            raw: spec.clone(),
         },
     })
+}
+
+/// `spec.<key>` as a boolean, false when absent.
+fn opt_bool(spec: &Value, key: &str, errs: &mut Vec<FieldError>) -> bool {
+    match spec.get(key) {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            errs.push(FieldError::new(format!("spec.{key}"), "must be a boolean"));
+            false
+        }
+    }
+}
+
+/// The restart request, if any: short printable text (it becomes a pod-template annotation).
+fn restarted_at(obj: &Value, errs: &mut Vec<FieldError>) -> Option<String> {
+    let value = obj.pointer("/metadata/annotations")?.get(RESTARTED_AT_ANNOTATION)?;
+    let path = format!("metadata.annotations[{RESTARTED_AT_ANNOTATION}]");
+    match value.as_str() {
+        Some(v) if v.len() <= MAX_RESTARTED_AT_BYTES && v.chars().all(|c| c.is_ascii_graphic()) => {
+            Some(v.to_string())
+        }
+        _ => {
+            errs.push(FieldError::new(
+                path,
+                format!("must be at most {MAX_RESTARTED_AT_BYTES} printable characters without spaces, e.g. a time"),
+            ));
+            None
+        }
+    }
 }
 
 fn opt_string(spec: &Value, key: &str, path: &str, errs: &mut Vec<FieldError>) -> Option<String> {
@@ -235,7 +278,9 @@ fn parse_storage(spec: &Value, errs: &mut Vec<FieldError>) -> Storage {
         Some(Value::String(s)) => match parse_quantity(s) {
             Some(q) if q >= 1_000 * 1024 * 1024 => out.size = s.clone(),
             Some(_) => errs.push(FieldError::new("spec.storage.size", "must be at least 1Mi")),
-            None => errs.push(FieldError::new("spec.storage.size", format!("{s:?} is not a quantity like 10Gi"))),
+            None => {
+                errs.push(FieldError::new("spec.storage.size", format!("{s:?} is not a quantity like 10Gi")))
+            }
         },
         Some(_) => errs.push(FieldError::new("spec.storage.size", "must be a string such as 10Gi")),
         None => errs.push(FieldError::new("spec.storage.size", "is required")),
@@ -278,7 +323,9 @@ pub fn check_name(name: &str) -> Result<(), String> {
     let first_ok = name.bytes().next().is_some_and(|b| b.is_ascii_lowercase());
     let last_ok = name.bytes().last().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
     if !(ok_chars && first_ok && last_ok) {
-        return Err("must be a DNS-1035 label (lower-case letters, digits, '-', starting with a letter)".into());
+        return Err(
+            "must be a DNS-1035 label (lower-case letters, digits, '-', starting with a letter)".into()
+        );
     }
     Ok(())
 }
@@ -295,9 +342,8 @@ pub fn valid_version(v: &str) -> bool {
     let parts: Vec<&str> = nums.split('.').collect();
     let nums_ok = parts.len() <= 3
         && parts.iter().all(|p| !p.is_empty() && p.len() <= 9 && p.bytes().all(|b| b.is_ascii_digit()));
-    let suffix_ok = suffix.is_none_or(|s| {
-        !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    });
+    let suffix_ok = suffix
+        .is_none_or(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()));
     nums_ok && suffix_ok
 }
 

@@ -64,7 +64,18 @@ pub fn derive(cluster: &Cluster, sts: Option<&Value>, desired_image: &str) -> De
     // revisions and images before counting replicas, or an upgrade reads as scaling.
     // Only revisions tell a rollout: pod counts (updatedReplicas among them) move while
     // pods are added or removed too.
-    let rolling = image != Some(desired_image) || (update_rev.is_some() && current_rev != update_rev);
+    // Under `OnDelete` the StatefulSet controller (before Kubernetes 1.36) never moves
+    // currentRevision to updateRevision: there, every pod on the update revision ends the roll.
+    let on_delete = str_at(sts, &["spec", "updateStrategy", "type"]) == Some("OnDelete");
+    let revisions_differ = update_rev.is_some() && current_rev != update_rev;
+    // The pod such a roll has just deleted is missing from the count until it is made again:
+    // while the phase already says Upgrading, that gap is the roll's, not a scale.
+    let roll_gap = on_delete
+        && revisions_differ
+        && replicas < desired
+        && cluster.last_phase.as_deref() == Some("Upgrading");
+    let rolling =
+        image != Some(desired_image) || (revisions_differ && (!on_delete || updated < replicas)) || roll_gap;
     let generation_lag = seen_generation < generation;
 
     let (phase, reason, message) = if cluster.deleting {
@@ -104,7 +115,12 @@ pub fn derive(cluster: &Cluster, sts: Option<&Value>, desired_image: &str) -> De
         cond("Progressing", False, "Converged", message)
     };
     let degraded_c = if degraded {
-        cond("Degraded", True, "ReplicasNotReady", format!("{} of {desired} replicas not ready", desired - ready))
+        cond(
+            "Degraded",
+            True,
+            "ReplicasNotReady",
+            format!("{} of {desired} replicas not ready", desired - ready),
+        )
     } else {
         cond("Degraded", False, "AsExpected", "nothing has failed".into())
     };
@@ -147,4 +163,58 @@ pub fn phase_event(last: Option<&str>, phase: Phase) -> Option<Event> {
         reason: "PhaseChanged".into(),
         message: format!("phase {} -> {}", last.unwrap_or("(none)"), phase.as_str()),
     })
+}
+
+/// The condition a paused resource carries.
+pub const PAUSED_CONDITION: &str = "Paused";
+
+/// Whether the status as last written says the resource is paused.
+pub fn was_paused(status: Option<&Value>) -> bool {
+    status
+        .and_then(|s| s.get("conditions"))
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == PAUSED_CONDITION && c["status"] == "True"))
+}
+
+/// What a paused resource reports: the status as last written (phase, conditions, service
+/// fields), plus `Paused=True`, so a reader sees both the last known state and why a spec
+/// change is not taking effect. Returns the phase, the conditions and the extra fields.
+pub fn paused(status: Option<&Value>) -> (Phase, Vec<Condition>, serde_json::Map<String, Value>) {
+    let mut extra = status.and_then(Value::as_object).cloned().unwrap_or_default();
+    let phase = extra
+        .get("phase")
+        .and_then(Value::as_str)
+        .and_then(|p| Phase::ALL.into_iter().find(|known| known.as_str() == p))
+        .unwrap_or(Phase::Pending);
+    let mut conditions: Vec<Condition> = extra
+        .get("conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|c| c["type"] != PAUSED_CONDITION)
+        .filter_map(|c| {
+            let status = match c.get("status")?.as_str()? {
+                "True" => ConditionStatus::True,
+                "False" => ConditionStatus::False,
+                _ => ConditionStatus::Unknown,
+            };
+            Some(cond(
+                c.get("type")?.as_str()?,
+                status,
+                c["reason"].as_str().unwrap_or(""),
+                c["message"].as_str().unwrap_or("").into(),
+            ))
+        })
+        .collect();
+    conditions.push(cond(
+        PAUSED_CONDITION,
+        ConditionStatus::True,
+        "SpecPaused",
+        "spec.paused is true: the operator changes nothing until it is false".into(),
+    ));
+    // The host writes these itself on every status write.
+    for key in ["phase", "conditions", "observedGeneration", "pluginDigest", "requests"] {
+        extra.remove(key);
+    }
+    (phase, conditions, extra)
 }

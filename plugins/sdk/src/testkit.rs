@@ -29,6 +29,7 @@ pub fn observed(cr: &Value, children: &[Value]) -> Observed {
         resource: cr.to_string(),
         children: children.iter().map(Value::to_string).collect(),
         now_ms: 1_700_000_000_000,
+        responses: Vec::new(),
     }
 }
 
@@ -53,17 +54,14 @@ pub fn applied(plan: &Plan) -> Vec<Value> {
                     "data": data,
                 }))
             }
-            Action::Delete(_) => None,
+            Action::Delete(_) | Action::LabelPod(_) | Action::Exec(_) | Action::Http(_) => None,
         })
         .collect()
 }
 
 /// The applied object of `kind` in a plan.
 pub fn find(plan: &Plan, kind: &str) -> Value {
-    applied(plan)
-        .into_iter()
-        .find(|o| o["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind} in plan"))
+    applied(plan).into_iter().find(|o| o["kind"] == kind).unwrap_or_else(|| panic!("no {kind} in plan"))
 }
 
 /// Every applied object of `kind`.
@@ -72,7 +70,13 @@ pub fn find_all(plan: &Plan, kind: &str) -> Vec<Value> {
 }
 
 /// Children where the StatefulSet carries a status as the controller would report it.
-pub fn with_sts_status(children: &[Value], replicas: i64, ready: i64, updated: i64, revs: (&str, &str)) -> Vec<Value> {
+pub fn with_sts_status(
+    children: &[Value],
+    replicas: i64,
+    ready: i64,
+    updated: i64,
+    revs: (&str, &str),
+) -> Vec<Value> {
     children
         .iter()
         .cloned()
@@ -194,7 +198,7 @@ macro_rules! plugin_suite {
                 let owns: Vec<String> = info.owns.iter().map(|o| format!("{}/{}", o.api_version, o.kind)).collect();
                 assert_eq!(owns, [
                     "apps/v1/StatefulSet", "v1/Service", "v1/ConfigMap", "v1/Secret",
-                    "policy/v1/PodDisruptionBudget", "v1/PersistentVolumeClaim",
+                    "policy/v1/PodDisruptionBudget", "v1/PersistentVolumeClaim", "v1/Pod",
                 ]);
             }
 
@@ -241,6 +245,15 @@ macro_rules! plugin_suite {
                     assert!(c["resources"]["limits"]["memory"].is_string());
                     assert!(c["readinessProbe"].is_object() && c["livenessProbe"].is_object());
                     assert!(c["readinessProbe"]["tcpSocket"].is_null(), "probe must ask the service itself");
+                    // Exec probes run a process in the container: 1 s timeouts fail on busy nodes.
+                    for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+                        if c[probe]["exec"].is_object() {
+                            assert!(c[probe]["timeoutSeconds"].as_i64().unwrap() >= 5, "{probe} timeout under 5 s");
+                        }
+                    }
+                }
+                for field in ["nodeSelector", "tolerations", "affinity", "priorityClassName"] {
+                    assert!(pod[field].is_null(), "{field} only when the spec sets it");
                 }
                 let keys: Vec<&str> = pod["topologySpreadConstraints"].as_array().unwrap().iter()
                     .map(|t| t["topologyKey"].as_str().unwrap()).collect();
@@ -264,6 +277,51 @@ macro_rules! plugin_suite {
                 assert_eq!(r["requests"], json!({ "cpu": "300m", "memory": "300Mi" }));
                 assert_eq!(r["limits"]["memory"], "600Mi");
                 assert!(r["limits"]["cpu"].is_string(), "default cpu limit");
+            }
+
+            #[test]
+            fn scheduling_reaches_the_pods_and_bad_scheduling_names_the_field() {
+                let mut cr = base();
+                let scheduling = json!({
+                    "nodeSelector": { "kubernetes.io/os": "linux" },
+                    "tolerations": [{ "key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule" }],
+                    "affinity": { "podAntiAffinity": { "preferredDuringSchedulingIgnoredDuringExecution": [] } },
+                    "priorityClassName": "databases",
+                });
+                cr["spec"]["scheduling"] = scheduling.clone();
+                assert_eq!(<$ty>::validate(&cr.to_string(), None), vec![]);
+                let sts = tk::find(&plan(&cr, &[]), "StatefulSet");
+                let pod = &sts["spec"]["template"]["spec"];
+                for field in ["nodeSelector", "tolerations", "affinity", "priorityClassName"] {
+                    assert_eq!(pod[field], scheduling[field], "{field}");
+                }
+                // Scheduling changes where pods run, not their configuration.
+                let h = |s: &Value| s["spec"]["template"]["metadata"]["annotations"]["stateward.dev/config-hash"].clone();
+                assert_eq!(h(&sts), h(&tk::find(&plan(&base(), &[]), "StatefulSet")));
+                // The deprecated top-level field may repeat the value, not contradict it.
+                cr["spec"]["priorityClassName"] = json!("databases");
+                assert_eq!(<$ty>::validate(&cr.to_string(), None), vec![]);
+                cr["spec"]["priorityClassName"] = json!("other");
+                cr["spec"]["scheduling"]["tolerations"][0]["operator"] = json!("Sometimes");
+                let errs = <$ty>::validate(&cr.to_string(), None);
+                let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+                assert_eq!(paths, ["spec.scheduling.tolerations[0].operator", "spec.priorityClassName"]);
+                let p = plan(&cr, &[]);
+                assert_eq!(p.status.phase, Phase::Failed);
+                assert!(p.actions.is_empty());
+                // The same field in both versions: conversion carries it unchanged.
+                let mut v1 = base();
+                v1["spec"]["scheduling"] = scheduling.clone();
+                let alpha: Value = serde_json::from_str(&<$ty>::convert(&v1.to_string(), "v1alpha1").unwrap()).unwrap();
+                assert_eq!(alpha["spec"]["scheduling"], scheduling);
+                let back: Value = serde_json::from_str(&<$ty>::convert(&alpha.to_string(), "v1").unwrap()).unwrap();
+                assert_eq!(back, v1);
+                for v in &<$ty>::info().kinds[0].versions {
+                    let schema: Value = serde_json::from_str(&v.schema).unwrap();
+                    let props = &schema["properties"]["spec"]["properties"];
+                    assert!(props["scheduling"]["properties"]["tolerations"].is_object(), "{}", v.name);
+                    assert!(props["priorityClassName"]["description"].as_str().unwrap().starts_with("Deprecated"));
+                }
             }
 
             #[test]
@@ -397,6 +455,64 @@ macro_rules! plugin_suite {
             }
 
             #[test]
+            fn paused_changes_nothing_until_resumed() {
+                let running = tk::with_phase(base(), "Running");
+                let children = tk::with_sts_status(&tk::applied(&plan(&running, &[])), 3, 3, 3, ("r1", "r1"));
+                let converged = plan(&running, &children);
+                let written: Vec<Value> = converged.status.conditions.iter()
+                    .map(|c| json!({"type": c.type_, "status": format!("{:?}", c.status), "reason": c.reason, "message": c.message}))
+                    .collect();
+                let mut paused = running.clone();
+                paused["status"]["conditions"] = json!(written);
+                paused["status"]["readyReplicas"] = json!(3);
+                paused["spec"]["paused"] = json!(true);
+                paused["spec"]["replicas"] = json!(5);
+                let p = plan(&paused, &children);
+                assert!(p.actions.is_empty(), "a paused resource's plan acts: {:?}", p.actions);
+                assert_eq!(p.status.phase, Phase::Running, "the last phase is kept");
+                assert_eq!(tk::condition(&p, "Paused"), ("True".into(), "SpecPaused".into()));
+                assert_eq!(tk::condition(&p, "Available"), tk::condition(&converged, "Available"));
+                assert_eq!(tk::extra(&p)["readyReplicas"], 3, "the last status fields are kept");
+                assert_eq!(p.events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), ["Paused"]);
+
+                let mut still = paused.clone();
+                still["status"]["conditions"] = json!([{"type": "Paused", "status": "True", "reason": "SpecPaused", "message": ""}]);
+                assert!(plan(&still, &children).events.is_empty(), "Paused is said once");
+                assert!(plan(&still, &children).actions.is_empty());
+
+                let mut resumed = still.clone();
+                resumed["spec"]["paused"] = json!(false);
+                let p = plan(&resumed, &children);
+                assert_eq!(tk::find(&p, "StatefulSet")["spec"]["replicas"], 5, "the change waited, and is applied now");
+                assert!(p.status.conditions.iter().all(|c| c.type_ != "Paused"));
+                assert!(p.events.iter().any(|e| e.reason == "Resumed"));
+
+                let mut wrong = base();
+                wrong["spec"]["paused"] = json!("yes");
+                let errs = <$ty>::validate(&wrong.to_string(), None);
+                assert!(errs.iter().any(|e| e.path == "spec.paused" && e.message.contains("boolean")), "{errs:?}");
+            }
+
+            #[test]
+            fn a_restart_request_changes_only_the_pod_template_annotation() {
+                const KEY: &str = "stateward.dev/restarted-at";
+                let before = tk::find(&plan(&base(), &[]), "StatefulSet");
+                let mut asked = base();
+                asked["metadata"]["annotations"] = json!({ KEY: "2026-12-04T10:00:00Z" });
+                let mut after = tk::find(&plan(&asked, &[]), "StatefulSet");
+                let annotations = after["spec"]["template"]["metadata"]["annotations"].as_object_mut().unwrap();
+                assert_eq!(annotations.remove(KEY), Some(json!("2026-12-04T10:00:00Z")));
+                assert_eq!(after, before, "nothing else of the StatefulSet changes");
+
+                asked["metadata"]["annotations"][KEY] = json!("two words");
+                let errs = <$ty>::validate(&asked.to_string(), None);
+                let path = format!("metadata.annotations[{KEY}]");
+                assert!(errs.iter().any(|e| e.path == path), "{errs:?}");
+                asked["metadata"]["annotations"][KEY] = json!("x".repeat(65));
+                assert!(<$ty>::validate(&asked.to_string(), None).iter().any(|e| e.path == path));
+            }
+
+            #[test]
             fn invalid_spec_fails_without_actions() {
                 let mut cr = base();
                 cr["spec"]["replicas"] = json!(0);
@@ -442,7 +558,15 @@ macro_rules! plugin_suite {
                 }).collect();
                 let mut deleted = deleted;
                 deleted.sort();
-                assert_eq!(deleted, ["PersistentVolumeClaim/data-main-0", "PersistentVolumeClaim/data-main-1", "Secret/main-credentials", "Secret/main-tls", "StatefulSet/main"]);
+                // Every Secret the plan keeps (credentials, certificate, any the plugin adds).
+                let mut want: Vec<String> = p.actions.iter().filter_map(|a| match a {
+                    Action::EnsureSecret(s) => Some(format!("Secret/{}", s.name)),
+                    _ => None,
+                }).collect();
+                assert!(want.contains(&"Secret/main-credentials".to_string()) && want.contains(&"Secret/main-tls".to_string()));
+                want.extend(["PersistentVolumeClaim/data-main-0", "PersistentVolumeClaim/data-main-1", "StatefulSet/main"].map(String::from));
+                want.sort();
+                assert_eq!(deleted, want);
                 let rest: Vec<Value> = children.into_iter().filter(|c| c["kind"] == "Service").collect();
                 assert!(<$ty>::finalize(tk::observed(&del, &rest)).unwrap().done);
             }

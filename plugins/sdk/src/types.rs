@@ -55,12 +55,104 @@ impl FieldError {
     }
 }
 
-/// What the host observed: the CR (storage version), its children, and the time.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// What the host observed: the CR (storage version), its children, the time, and the answers
+/// to earlier requests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Observed {
     pub resource: String,
     pub children: Vec<String>,
     pub now_ms: u64,
+    pub responses: Vec<Response>,
+}
+
+/// The answer to an earlier [`ExecRequest`] or [`HttpRequest`], by the id the plugin gave it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Response {
+    pub id: String,
+    /// Exit code of an exec, status of an http request; `None` when it did not run to an end.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub truncated: bool,
+    /// Why there is no answer (pod gone, timeout, refused by policy, connection failed…).
+    pub error: Option<String>,
+    pub started_at_ms: u64,
+    pub duration_ms: u64,
+}
+
+impl Response {
+    /// True when the request ran and answered success (exit code 0, or an HTTP 2xx).
+    pub fn succeeded(&self) -> bool {
+        self.error.is_none() && matches!(self.code, Some(0) | Some(200..=299))
+    }
+}
+
+/// How often a request is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RequestMode {
+    /// At most once per id, ever (the host keeps it durably).
+    Once,
+    /// A poll: not again while pending nor within this many milliseconds of its last answer.
+    EveryMs(u64),
+}
+
+/// Run `command` in a container of a Pod of the instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ExecRequest {
+    pub id: String,
+    pub mode: RequestMode,
+    pub pod: String,
+    pub container: String,
+    pub command: Vec<String>,
+    pub stdin: Option<String>,
+    pub timeout_ms: u32,
+}
+
+/// Where an http request goes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum HttpTarget {
+    Pod(String),
+    Service(String),
+}
+
+/// https, verified against `ca_secret`'s `ca.crt` for `server_name`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HttpTls {
+    pub ca_secret: String,
+    pub server_name: String,
+}
+
+/// Basic auth the host reads from a Secret of the instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SecretBasicAuth {
+    pub secret: String,
+    pub username_key: String,
+    pub password_key: String,
+}
+
+/// An HTTP(S) request to the running service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HttpRequest {
+    pub id: String,
+    pub mode: RequestMode,
+    pub target: HttpTarget,
+    pub port: u16,
+    pub tls: Option<HttpTls>,
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Option<String>,
+    pub basic_auth: Option<SecretBasicAuth>,
+    pub timeout_ms: u32,
+}
+
+/// Labels and annotations on a Pod of the instance; `None` removes a key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodLabels {
+    pub pod: String,
+    pub labels: Vec<(String, Option<String>)>,
+    pub annotations: Vec<(String, Option<String>)>,
 }
 
 /// Lifecycle phase shown in `.status.phase`.
@@ -88,14 +180,8 @@ impl Phase {
     }
 
     /// Every phase, in the order of the CRD enum.
-    pub const ALL: [Phase; 6] = [
-        Phase::Pending,
-        Phase::Running,
-        Phase::Scaling,
-        Phase::Upgrading,
-        Phase::Failed,
-        Phase::Deleting,
-    ];
+    pub const ALL: [Phase; 6] =
+        [Phase::Pending, Phase::Running, Phase::Scaling, Phase::Upgrading, Phase::Failed, Phase::Deleting];
 }
 
 /// Kubernetes condition status.
@@ -137,6 +223,9 @@ pub struct SecretRequest {
     pub name: String,
     pub keys: Vec<(String, u32)>,
     pub labels: Vec<(String, String)>,
+    /// (key, template): filled by the host from the Secret's own keys (`{password}`) and
+    /// `{namespace}`, so a value made of a password never passes through the plugin.
+    pub derived: Vec<(String, String)>,
 }
 
 /// One step of a plan; the policy gate sees each.
@@ -145,6 +234,9 @@ pub enum Action {
     Apply(String),
     Delete(ObjectRef),
     EnsureSecret(SecretRequest),
+    LabelPod(PodLabels),
+    Exec(ExecRequest),
+    Http(HttpRequest),
 }
 
 /// Kubernetes Event type.

@@ -20,10 +20,16 @@
 //! - `STATEWARD_KUBECONFIG=<path>` uses an already running cluster instead of `up`.
 //! - Teardown is `tests/cluster/down` at the end of the run (`.ci/run` calls it unless
 //!   `STATEWARD_KEEP_CLUSTER=1`).
+//! - [`real::RealPods`] runs a test on the real-pods cluster (`up --real`: a kubelet running
+//!   real containers), inside that cluster's network namespace.
+//! - [`components`] builds the plugins and fixtures as WebAssembly components.
 //! - [`LoopbackCert`] issues a serving certificate for 127.0.0.1, for webhooks a test
 //!   serves to the API server.
 
 #![forbid(unsafe_code)]
+
+pub mod components;
+pub mod real;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -69,29 +75,38 @@ async fn start_cluster() -> anyhow::Result<Cluster> {
     if let Some(path) = std::env::var_os("STATEWARD_KUBECONFIG") {
         return Ok(Cluster { kubeconfig: PathBuf::from(path) });
     }
-    let up = cluster_dir().join("up");
-    let mut cmd = tokio::process::Command::new(&up);
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    let output = tokio::time::timeout(UP_TIMEOUT, cmd.output())
-        .await
-        .with_context(|| format!("{} did not finish within {UP_TIMEOUT:?}", up.display()))?
-        .with_context(|| format!("could not run {}", up.display()))?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
-        bail!("{} failed ({}):\n{stderr}", up.display(), output.status);
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let Some(path) = stdout.lines().rev().find(|l| !l.trim().is_empty()) else {
-        bail!("{} printed no kubeconfig path:\n{stderr}", up.display());
-    };
-    eprint!("{stderr}");
-    let cluster = Cluster { kubeconfig: PathBuf::from(path.trim()) };
+    let kubeconfig = run_up(&[], UP_TIMEOUT).await?;
+    let cluster = Cluster { kubeconfig };
     let client = cluster.client().await?;
     recycle_released_volumes(&client).await?;
     Ok(cluster)
+}
+
+/// Runs `tests/cluster/up` with `args` and returns the kubeconfig path it prints last; its
+/// progress (stderr) is passed on.
+async fn run_up(args: &[&str], timeout: Duration) -> anyhow::Result<PathBuf> {
+    let up = cluster_dir().join("up");
+    let mut cmd = tokio::process::Command::new(&up);
+    cmd.args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let what = format!("{} {}", up.display(), args.join(" "));
+    let output = tokio::time::timeout(timeout, cmd.output())
+        .await
+        .with_context(|| format!("{what} did not finish within {timeout:?}"))?
+        .with_context(|| format!("could not run {what}"))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        bail!("{what} failed ({}):\n{stderr}", output.status);
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let Some(path) = stdout.lines().rev().find(|l| !l.trim().is_empty()) else {
+        bail!("{what} printed no kubeconfig path:\n{stderr}");
+    };
+    eprint!("{stderr}");
+    Ok(PathBuf::from(path.trim()))
 }
 
 impl Cluster {
@@ -120,16 +135,14 @@ impl Cluster {
 /// Path of the kubectl that `tests/cluster/build` produced (the version in
 /// `tests/cluster/k8s/go.mod`), falling back to `kubectl` on PATH.
 pub fn kubectl_binary() -> PathBuf {
-    let version = std::fs::read_to_string(cluster_dir().join("k8s").join("go.mod"))
-        .ok()
-        .and_then(|gomod| {
-            gomod.lines().find_map(|l| {
-                let mut words = l.split_whitespace();
-                (words.next() == Some("require") && words.next() == Some("k8s.io/kubernetes"))
-                    .then(|| words.next().map(str::to_owned))
-                    .flatten()
-            })
-        });
+    let version = std::fs::read_to_string(cluster_dir().join("k8s").join("go.mod")).ok().and_then(|gomod| {
+        gomod.lines().find_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("require") && words.next() == Some("k8s.io/kubernetes"))
+                .then(|| words.next().map(str::to_owned))
+                .flatten()
+        })
+    });
     let cache = std::env::var_os("STATEWARD_CACHE").map(PathBuf::from).or_else(|| {
         std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
@@ -145,11 +158,39 @@ pub fn kubectl_binary() -> PathBuf {
 /// Makes Released volumes of the pool Available again (their claims are gone, and with no
 /// provisioner nothing else would ever free them), so long test runs do not drain it.
 pub async fn recycle_released_volumes(client: &Client) -> anyhow::Result<()> {
+    recycle_and_wipe_released_volumes(client, None).await
+}
+
+/// [`recycle_released_volumes`], and for the volumes whose `local.path` lies under `wipe_under`
+/// (the real-pods cluster's own volume directories) their contents removed first, as a
+/// `Recycle` policy would: the next claim starts empty, not with an earlier test's data.
+pub async fn recycle_and_wipe_released_volumes(
+    client: &Client,
+    wipe_under: Option<&Path>,
+) -> anyhow::Result<()> {
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     let list = pvs.list(&ListParams::default().labels(VOLUME_POOL_LABEL)).await?;
     for pv in list {
         let released = pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Released");
         if let (true, Some(name)) = (released, pv.metadata.name.as_deref()) {
+            let local = pv.spec.as_ref().and_then(|s| s.local.as_ref()).map(|l| PathBuf::from(&l.path));
+            if let (Some(dir), Some(root)) = (local, wipe_under) {
+                if dir.starts_with(root) && dir.is_dir() {
+                    for entry in std::fs::read_dir(&dir)?.flatten() {
+                        let path = entry.path();
+                        let removed = if path.is_dir() && !path.is_symlink() {
+                            std::fs::remove_dir_all(&path)
+                        } else {
+                            std::fs::remove_file(&path)
+                        };
+                        match removed {
+                            // Another test entering at the same moment wiped it first.
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                            other => other.with_context(|| format!("wiping {}", path.display()))?,
+                        }
+                    }
+                }
+            }
             let patch = serde_json::json!({ "spec": { "claimRef": null } });
             pvs.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         }
@@ -176,8 +217,19 @@ impl TestEnv {
     /// Brings the cluster up if needed, then creates a namespace named `<prefix>-<unique>`
     /// and waits until its default service account exists (pods are rejected before).
     pub async fn new(prefix: &str) -> anyhow::Result<TestEnv> {
-        let cluster = cluster().await?.clone();
+        TestEnv::in_cluster(cluster().await?.clone(), prefix).await
+    }
+
+    /// A fresh namespace `<prefix>-<unique>` on the given cluster (e.g. the real-pods one,
+    /// see [`real::RealPods`]).
+    pub async fn in_cluster(cluster: Cluster, prefix: &str) -> anyhow::Result<TestEnv> {
         let client = cluster.client().await?;
+        // Namespaces of finished tests release their claims while the run goes on: free those
+        // volumes before each test, not only when the process starts, or a long run drains
+        // the pool and a later test's pods never schedule. The real-pods cluster's volumes
+        // (directories beside its kubeconfig) are wiped first, so no test inherits data.
+        let volumes = cluster.kubeconfig().parent().map(|dir| dir.join("volumes"));
+        recycle_and_wipe_released_volumes(&client, volumes.as_deref()).await?;
         let namespace = unique_name(prefix);
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let ns: Namespace = serde_json::from_value(serde_json::json!({
@@ -192,7 +244,10 @@ impl TestEnv {
         let deadline = tokio::time::Instant::now() + NAMESPACE_READY_TIMEOUT;
         while sas.get_opt("default").await?.is_none() {
             if tokio::time::Instant::now() > deadline {
-                bail!("namespace {} got no default service account within {NAMESPACE_READY_TIMEOUT:?}", env.namespace);
+                bail!(
+                    "namespace {} got no default service account within {NAMESPACE_READY_TIMEOUT:?}",
+                    env.namespace
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -302,6 +357,7 @@ impl LoopbackCert {
 }
 
 #[cfg(test)]
+#[allow(clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -113,7 +113,11 @@ async fn statefulset_pods_spread_over_zones_become_ready_and_bind_precreated_vol
             let pod = pods.get(&format!("db-{i}")).await?;
             let status = pod.status.context("pod status")?;
             ensure!(status.phase.as_deref() == Some("Running"), "db-{i} phase {:?}", status.phase);
-            let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
+            let ready = status
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
             ensure!(ready, "db-{i} is not Ready");
             let node_name = pod.spec.and_then(|s| s.node_name).context("pod not scheduled")?;
             let node = nodes.get(&node_name).await?;
@@ -122,21 +126,24 @@ async fn statefulset_pods_spread_over_zones_become_ready_and_bind_precreated_vol
 
             let pvc = pvcs.get(&format!("data-db-{i}")).await?;
             let pvc_spec = pvc.spec.context("pvc spec")?;
-            ensure!(
-                pvc.status.and_then(|s| s.phase).as_deref() == Some("Bound"),
-                "data-db-{i} is not Bound"
-            );
+            ensure!(pvc.status.and_then(|s| s.phase).as_deref() == Some("Bound"), "data-db-{i} is not Bound");
             // The claim template names no class: the default one was filled in.
-            ensure!(pvc_spec.storage_class_name.as_deref() == Some("local"), "class {:?}", pvc_spec.storage_class_name);
+            ensure!(
+                pvc_spec.storage_class_name.as_deref() == Some("local"),
+                "class {:?}",
+                pvc_spec.storage_class_name
+            );
             let pv_name = pvc_spec.volume_name.context("pvc without volume")?;
             let pv = pvs.get(&pv_name).await?;
             ensure!(
-                pv.metadata.labels.unwrap_or_default().get("stateward.test/pool").map(String::as_str) == Some("local"),
+                pv.metadata.labels.unwrap_or_default().get("stateward.test/pool").map(String::as_str)
+                    == Some("local"),
                 "{pv_name} is not a pre-created pool volume"
             );
             // Topology-aware binding: the volume is pinned to the very node the pod runs on.
             let affinity = serde_json::to_value(pv.spec.context("pv spec")?.node_affinity)?;
-            let pinned = affinity["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0].clone();
+            let pinned =
+                affinity["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0].clone();
             ensure!(pinned == json!(node_name), "{pv_name} pinned to {pinned}, pod on {node_name}");
         }
         ensure!(zones.len() == 3, "pods landed in zones {zones:?}");
@@ -151,7 +158,10 @@ async fn deleting_an_owner_garbage_collects_its_children() -> anyhow::Result<()>
     bounded(async {
         let cms: Api<ConfigMap> = env.api();
         let owner = cms
-            .create(&PostParams::default(), &serde_json::from_value(json!({ "metadata": { "name": "owner" } }))?)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({ "metadata": { "name": "owner" } }))?,
+            )
             .await?;
         let uid = owner.metadata.uid.context("owner uid")?;
         let owner_ref = json!([{ "apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid }]);
@@ -159,8 +169,11 @@ async fn deleting_an_owner_garbage_collects_its_children() -> anyhow::Result<()>
             let child = json!({ "metadata": { "name": name, "ownerReferences": owner_ref } });
             cms.create(&PostParams::default(), &serde_json::from_value(child)?).await?;
         }
-        cms.create(&PostParams::default(), &serde_json::from_value(json!({ "metadata": { "name": "bystander" } }))?)
-            .await?;
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({ "metadata": { "name": "bystander" } }))?,
+        )
+        .await?;
 
         cms.delete("owner", &DeleteParams::background()).await?;
         eventually(60, "children to be garbage-collected", || async {
@@ -178,7 +191,8 @@ async fn deleting_an_owner_garbage_collects_its_children() -> anyhow::Result<()>
 const WIDGET_GROUP: &str = "testkit.stateward.test";
 
 #[tokio::test]
-async fn crd_cel_and_bounds_reject_bad_create_and_update_with_the_api_servers_message() -> anyhow::Result<()> {
+async fn crd_cel_and_bounds_reject_bad_create_and_update_with_the_api_servers_message() -> anyhow::Result<()>
+{
     let env = TestEnv::new("crd").await?;
     bounded(async {
         let crd: CustomResourceDefinition = serde_json::from_value(json!({
@@ -220,13 +234,20 @@ async fn crd_cel_and_bounds_reject_bad_create_and_update_with_the_api_servers_me
         .await?;
         eventually(30, "CRD Established", || async {
             let c = crds.get(&format!("widgets.{WIDGET_GROUP}")).await?;
-            let established = c.status.and_then(|s| s.conditions).unwrap_or_default().iter()
+            let established = c
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
                 .any(|c| c.type_ == "Established" && c.status == "True");
             Ok(established.then_some(()))
         })
         .await?;
 
-        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(WIDGET_GROUP, "v1", "Widget"), "widgets");
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(WIDGET_GROUP, "v1", "Widget"),
+            "widgets",
+        );
         let widgets: Api<DynamicObject> = Api::namespaced_with(env.client.clone(), &env.namespace, &ar);
         let widget = |name: &str, size: i64, class: &str| -> anyhow::Result<DynamicObject> {
             Ok(serde_json::from_value(json!({
@@ -246,24 +267,42 @@ async fn crd_cel_and_bounds_reject_bad_create_and_update_with_the_api_servers_me
         .await?;
 
         for (name, size, expected) in [
-            ("too-small", 0, "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1"),
-            ("too-big", 11, "spec.size: Invalid value: 11: spec.size in body should be less than or equal to 10"),
+            (
+                "too-small",
+                0,
+                "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1",
+            ),
+            (
+                "too-big",
+                11,
+                "spec.size: Invalid value: 11: spec.size in body should be less than or equal to 10",
+            ),
         ] {
-            let err = widgets.create(&PostParams::default(), &widget(name, size, "local")?).await
-                .err().with_context(|| format!("create of {name} (size {size}) was accepted"))?;
+            let err = widgets
+                .create(&PostParams::default(), &widget(name, size, "local")?)
+                .await
+                .err()
+                .with_context(|| format!("create of {name} (size {size}) was accepted"))?;
             let (code, msg) = api_error_message(&err).with_context(|| format!("not an API error: {err}"))?;
             ensure!(code == 422, "code {code}: {msg}");
             ensure!(msg.contains(expected), "unexpected message: {msg}");
         }
 
         let err = widgets
-            .patch("good", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "storageClass": "fast" } })))
+            .patch(
+                "good",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "storageClass": "fast" } })),
+            )
             .await
             .err()
             .context("changing the immutable storageClass was accepted")?;
         let (code, msg) = api_error_message(&err).with_context(|| format!("not an API error: {err}"))?;
         ensure!(code == 422, "code {code}: {msg}");
-        ensure!(msg.contains("spec.storageClass: Invalid value: \"string\": storageClass is immutable"), "unexpected message: {msg}");
+        ensure!(
+            msg.contains("spec.storageClass: Invalid value: \"string\": storageClass is immutable"),
+            "unexpected message: {msg}"
+        );
 
         let err = widgets
             .patch("good", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "size": 20 } })))
@@ -480,7 +519,8 @@ async fn service_account_tokens_authenticate() -> anyhow::Result<()> {
     let env = TestEnv::new("sa").await?;
     bounded(async {
         let sas: Api<ServiceAccount> = env.api();
-        let tr = sas.create_token_request("default", &PostParams::default(), &TokenRequest::default()).await?;
+        let tr =
+            sas.create_token_request("default", &PostParams::default(), &TokenRequest::default()).await?;
         let token = tr.status.context("token request without status")?.token;
 
         let kubeconfig = kube::config::Kubeconfig::read_from(env.kubeconfig())?;

@@ -104,17 +104,11 @@ impl Ctx<'_> {
 
     /// Labels as (key, value) pairs, for secret requests.
     pub fn label_pairs(&self) -> Vec<(String, String)> {
-        self.labels()
-            .into_iter()
-            .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_string()))
-            .collect()
+        self.labels().into_iter().map(|(k, v)| (k, v.as_str().unwrap_or_default().to_string())).collect()
     }
 }
 
 /// A label value is at most 63 characters of `[A-Za-z0-9._-]`.
 fn label_value(s: &str) -> String {
-    s.chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-        .take(63)
-        .collect()
+    s.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')).take(63).collect()
 }

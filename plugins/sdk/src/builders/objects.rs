@@ -92,6 +92,7 @@ pub fn server_certificate(ctx: &Ctx) -> SecretRequest {
         name: ctx.tls_secret(),
         keys: ["tls.crt", "tls.key", "ca.crt"].iter().map(|k| ((*k).to_string(), 32)).collect(),
         labels,
+        derived: Vec::new(),
     }
 }
 
@@ -101,5 +102,6 @@ pub fn credentials(ctx: &Ctx, keys: &[(&str, u32)]) -> SecretRequest {
         name: ctx.secret(),
         keys: keys.iter().map(|(k, n)| ((*k).to_string(), *n)).collect(),
         labels: ctx.label_pairs(),
+        derived: Vec::new(),
     }
 }

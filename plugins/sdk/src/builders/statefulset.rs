@@ -4,7 +4,7 @@ use serde_json::{json, Value};
 
 use super::objects::Port;
 use super::{Ctx, CONFIG_DIR, CONFIG_HASH_ANNOTATION, DATA_VOLUME, TLS_DIR};
-use crate::spec::{parse_quantity, ResourceList, Resources};
+use crate::spec::{parse_quantity, ResourceList, Resources, RESTARTED_AT_ANNOTATION};
 
 /// Resources used when the spec leaves them out: limits are always set (policy requires them).
 #[derive(Debug, Clone, Copy)]
@@ -32,31 +32,56 @@ pub struct ContainerSpec {
     pub ports: Vec<Port>,
     pub readiness: Value,
     pub liveness: Value,
+    /// Holds liveness (and readiness) back until it first succeeds: first starts (initdb,
+    /// recovery) may take long on a loaded node without being killed for it.
+    pub startup: Option<Value>,
     /// Where the data volume is mounted.
     pub data_mount: &'static str,
     /// Further mounts, e.g. one configuration file mounted where the image expects it.
     pub extra_mounts: Vec<Value>,
+    /// Further pod volumes those mounts use (e.g. an in-memory emptyDir for runtime files).
+    pub extra_volumes: Vec<Value>,
     pub identity: Identity,
     pub defaults: ResourceDefaults,
     /// Seconds a member gets to shut down cleanly.
     pub termination_grace_seconds: i64,
     /// Start members in parallel (clustered services that discover each other) or in order.
     pub parallel: bool,
+    /// The plugin replaces outdated pods itself, in an order only it knows (e.g. standbys
+    /// before their primary), by deleting them: `updateStrategy: OnDelete`. Otherwise the
+    /// StatefulSet controller rolls them, highest ordinal first.
+    pub rolled_by_plugin: bool,
+    /// A command run in the container before it is asked to stop (`lifecycle.preStop`), e.g.
+    /// the server's own fast, clean shutdown.
+    pub pre_stop: Option<Vec<String>>,
 }
 
+/// The shortest `timeoutSeconds` of an exec probe. The kubelet counts the whole exec (a new
+/// process in the container, the client's connection, its answer) against it, and on a busy
+/// node 1 s timeouts failed healthy members; [`exec_probe`] never goes below this.
+pub const MIN_EXEC_PROBE_TIMEOUT: i64 = 5;
+
 /// A probe running a command inside the container (checks the service itself, not a port).
+/// `timeout` is raised to [`MIN_EXEC_PROBE_TIMEOUT`] if lower.
 pub fn exec_probe(script: &str, initial_delay: i64, period: i64, timeout: i64, failures: i64) -> Value {
     json!({
         "exec": { "command": ["sh", "-c", script] },
         "initialDelaySeconds": initial_delay,
         "periodSeconds": period,
-        "timeoutSeconds": timeout,
+        "timeoutSeconds": timeout.max(MIN_EXEC_PROBE_TIMEOUT),
         "failureThreshold": failures,
     })
 }
 
 /// A probe asking the service's own HTTP endpoint (e.g. a health API) on a named port.
-pub fn http_probe(path: &str, port: &str, initial_delay: i64, period: i64, timeout: i64, failures: i64) -> Value {
+pub fn http_probe(
+    path: &str,
+    port: &str,
+    initial_delay: i64,
+    period: i64,
+    timeout: i64,
+    failures: i64,
+) -> Value {
     json!({
         "httpGet": { "path": path, "port": port, "scheme": "HTTP" },
         "initialDelaySeconds": initial_delay,
@@ -80,11 +105,8 @@ pub fn env_from_secret(name: &str, secret: &str, key: &str) -> Value {
 pub fn resources(spec: &Resources, d: &ResourceDefaults) -> Value {
     let pick = |l: &ResourceList, r: &ResourceList, cpu: bool| -> (String, String) {
         let (lim_user, req_user) = if cpu { (&l.cpu, &r.cpu) } else { (&l.memory, &r.memory) };
-        let (lim_def, req_def) = if cpu {
-            (d.limit_cpu, d.request_cpu)
-        } else {
-            (d.limit_memory, d.request_memory)
-        };
+        let (lim_def, req_def) =
+            if cpu { (d.limit_cpu, d.request_cpu) } else { (d.limit_memory, d.request_memory) };
         let limit = match (lim_user, req_user) {
             (Some(l), _) => l.clone(),
             (None, Some(r)) if larger(r, lim_def) => r.clone(),
@@ -125,6 +147,16 @@ fn spread(ctx: &Ctx, key: &str) -> Value {
 /// configuration rolls the pods.
 /// `claim_size` is the data claim template's size: the spec's for a new StatefulSet, the one it
 /// was created with for an existing one (the template cannot change; see `volumes`).
+/// The pod template's annotations: the configuration hash and, when a restart was asked, its
+/// value (a new value changes the template, so the pods roll as for any template change).
+fn template_annotations(ctx: &Ctx, config_hash: &str) -> Value {
+    let mut annotations = json!({ CONFIG_HASH_ANNOTATION: config_hash });
+    if let Some(at) = &ctx.cluster.restarted_at {
+        annotations[RESTARTED_AT_ANNOTATION] = json!(at);
+    }
+    annotations
+}
+
 pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str, claim_size: &str) -> Value {
     let spec = &ctx.cluster.spec;
     let container_ports: Vec<Value> = c
@@ -166,6 +198,12 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str, claim_size:
         if let Some(Value::Array(mounts)) = obj.get_mut("volumeMounts") {
             mounts.extend(c.extra_mounts.iter().cloned());
         }
+        if let Some(probe) = &c.startup {
+            obj.insert("startupProbe".into(), probe.clone());
+        }
+        if let Some(command) = &c.pre_stop {
+            obj.insert("lifecycle".into(), json!({ "preStop": { "exec": { "command": command } } }));
+        }
     }
     let mut pod_spec = json!({
         "securityContext": {
@@ -191,8 +229,11 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str, claim_size:
             { "name": "tls", "secret": { "secretName": ctx.tls_secret(), "defaultMode": 0o440 } },
         ],
     });
-    if let (Some(pc), Some(obj)) = (&spec.priority_class_name, pod_spec.as_object_mut()) {
-        obj.insert("priorityClassName".into(), json!(pc));
+    if let Some(obj) = pod_spec.as_object_mut() {
+        if let Some(Value::Array(volumes)) = obj.get_mut("volumes") {
+            volumes.extend(c.extra_volumes.iter().cloned());
+        }
+        spec.scheduling.apply_to(obj);
     }
     let mut claim_spec = json!({
         "accessModes": ["ReadWriteOnce"],
@@ -213,7 +254,11 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str, claim_size:
             // the StatefulSet controller then recreates a pod deleted mid-roll whose ordinal is
             // below status.currentReplicas at the *old* revision (pod 0, last in the roll, is
             // restarted twice).
-            "updateStrategy": { "type": "RollingUpdate", "rollingUpdate": { "partition": 0 } },
+            "updateStrategy": if c.rolled_by_plugin {
+                json!({ "type": "OnDelete" })
+            } else {
+                json!({ "type": "RollingUpdate", "rollingUpdate": { "partition": 0 } })
+            },
             "selector": { "matchLabels": ctx.selector() },
             // Claims outlive the StatefulSet always: deleting it (by hand, or while the
             // operator is down) must never take data with it. retentionPolicy: Delete is
@@ -225,7 +270,7 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str, claim_size:
             "template": {
                 "metadata": {
                     "labels": ctx.labels(),
-                    "annotations": { CONFIG_HASH_ANNOTATION: config_hash },
+                    "annotations": template_annotations(ctx, config_hash),
                 },
                 "spec": pod_spec,
             },

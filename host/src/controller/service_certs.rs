@@ -1,0 +1,666 @@
+//! Service certificates for managed clusters (issue 7, item 4), service-agnostic and within the
+//! WIT contract as it is: a plugin asks for a certificate with an ordinary `ensure-secret`
+//! whose labels carry [`CERTIFICATE_LABEL`] (keys `tls.crt`, `tls.key`, `ca.crt` as for any
+//! `kubernetes.io/tls` Secret). The host then issues from its service CA instead of filling
+//! random bytes, naming the Services its resource controls (plus pod DNS names under headless
+//! Services), renews it under the threshold, and stamps the hash of every certificate a pod
+//! template mounts into [`POD_ANNOTATION`], so the StatefulSet controller rolls the pods one at
+//! a time when a certificate changes. No service name appears here: Services, Secrets and pod
+//! templates are plain Kubernetes.
+//!
+//! Whoever can create Secrets and Services in a namespace can put the label on them, so the
+//! label alone proves nothing (hardening finding 5). A certificate is issued only for a Secret
+//! whose controller owner reference names a kind the operator serves (the applier sets it when
+//! it creates the Secret, `Applier::ensure_secret`), only for Services controlled by that same
+//! resource (same owner uid), and only for full DNS names (`svc.ns.svc`, `…svc.cluster.local`),
+//! never a short name that a client in another namespace would resolve to its own Service. The
+//! CA is the service CA ([`SERVICE_CA_SECRET`], created here in the operator's namespace, or a
+//! second cert-manager root with `--cert-manager`), never the webhook's: a service certificate
+//! cannot pass for the webhook, whose CA the API server trusts.
+//!
+//! [`CertificateKeeper`] is a controller beside the per-kind ones, started and stopped with them
+//! (only while this replica leads) and fed by the same child caches (Secrets, Services and
+//! StatefulSets carrying the instance label), with the operator's existing permissions (patch
+//! on Secrets and StatefulSets): the controller creates the labelled Secret through
+//! `ensure-secret` and never overwrites it afterwards; the keeper fills and renews it, and
+//! patches only the one pod-template annotation (a field the controller's server-side apply
+//! does not own, so the two never fight). A StatefulSet in the middle of a roll is stamped only
+//! once that roll is done ([`roll_in_progress`]), so rolls never overlap.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::children::{ChildChange, Children};
+use crate::webhook::certs::{self, CertPolicy, Material};
+use crate::webhook::WebhookError;
+
+/// Label of an `ensure-secret` request that asks for a server certificate (value `server`).
+pub const CERTIFICATE_LABEL: &str = "stateward.dev/certificate";
+/// Pod-template annotation: SHA-256 over the certificates the pods mount.
+pub const POD_ANNOTATION: &str = "stateward.dev/certificates-sha256";
+/// The Secret of the service CA in the operator's namespace (the same name is the cert-manager
+/// Certificate and Secret with `--cert-manager`).
+pub const SERVICE_CA_SECRET: &str = crate::webhook::certmanager::SERVICE_CA_CERTIFICATE;
+/// JSON pointer to the key above (`/` escaped as `~1`).
+const POD_ANNOTATION_POINTER: &str = "/spec/template/metadata/annotations/stateward.dev~1certificates-sha256";
+
+/// Whether a secret request's labels ask for a certificate.
+pub fn is_certificate_request(labels: &[(String, String)]) -> bool {
+    labels.iter().any(|(k, v)| k == CERTIFICATE_LABEL && v == "server")
+}
+
+/// The uid of the managed resource an object was created for: its controller owner reference,
+/// when that names one of the `served` kinds (group, kind). Owner references are namespaced,
+/// so the resource is in the object's own namespace.
+pub fn managed_owner(object: &Value, served: &BTreeSet<(String, String)>) -> Option<String> {
+    let references = object.pointer("/metadata/ownerReferences").and_then(Value::as_array)?;
+    let controller = references.iter().find(|r| r["controller"] == json!(true))?;
+    let api_version = controller["apiVersion"].as_str()?;
+    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    let kind = controller["kind"].as_str()?;
+    served
+        .contains(&(group.to_string(), kind.to_string()))
+        .then(|| controller["uid"].as_str())?
+        .map(str::to_string)
+}
+
+/// Full DNS names for the Services among `objects` controlled by the resource with uid
+/// `owner` (its controller owner reference): each Service's namespaced and cluster-local
+/// names, and for a headless Service the wildcard its pods' names fall under. No short name:
+/// `db` or `db.ns` are resolved relative to the client's own namespace or search path.
+pub fn service_sans(objects: &[Value], owner: &str, namespace: &str) -> Vec<String> {
+    let mut names = BTreeSet::new();
+    for o in objects {
+        let controlled =
+            o.pointer("/metadata/ownerReferences").and_then(Value::as_array).is_some_and(|refs| {
+                refs.iter().any(|r| r["controller"] == json!(true) && r["uid"] == json!(owner))
+            });
+        if o["kind"] != "Service" || !controlled {
+            continue;
+        }
+        let Some(name) = o.pointer("/metadata/name").and_then(Value::as_str) else {
+            continue;
+        };
+        names.insert(format!("{name}.{namespace}.svc"));
+        names.insert(format!("{name}.{namespace}.svc.cluster.local"));
+        if o.pointer("/spec/clusterIP").and_then(Value::as_str) == Some("None") {
+            names.insert(format!("*.{name}.{namespace}.svc"));
+            names.insert(format!("*.{name}.{namespace}.svc.cluster.local"));
+        }
+    }
+    names.into_iter().collect()
+}
+
+/// String data (`tls.crt`, `tls.key`, `ca.crt`) and annotations of a certificate Secret.
+pub type Issued = (BTreeMap<String, String>, BTreeMap<String, String>);
+
+/// Issues a certificate for `sans` from `ca` (only its CA half is used) as Secret string data
+/// and annotations.
+pub fn issue(ca: &Material, sans: &[String], policy: &CertPolicy) -> Result<Issued, WebhookError> {
+    let mut m = ca.clone();
+    certs::renew_serving(&mut m, policy, sans)?;
+    let data = BTreeMap::from([
+        (certs::TLS_CRT.to_string(), m.cert_pem.clone()),
+        (certs::TLS_KEY.to_string(), m.key_pem.clone()),
+        (certs::CA_CRT.to_string(), m.ca_pem.clone()),
+    ]);
+    let annotations = BTreeMap::from([
+        (certs::CERT_NOT_AFTER.to_string(), m.cert_not_after.to_string()),
+        (certs::CERT_SANS.to_string(), sans.join(",")),
+    ]);
+    Ok((data, annotations))
+}
+
+/// Whether a certificate Secret (its annotations as issued) needs a new certificate: missing,
+/// under the threshold, or for other names.
+pub fn renewal_due(
+    annotations: Option<&BTreeMap<String, String>>,
+    sans: &[String],
+    policy: &CertPolicy,
+    now_unix: i64,
+) -> bool {
+    let Some(a) = annotations else { return true };
+    let not_after = a.get(certs::CERT_NOT_AFTER).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+    let threshold = i64::try_from(policy.renew_before.as_secs()).unwrap_or(i64::MAX);
+    let names: Vec<&str> = a.get(certs::CERT_SANS).map(|s| s.split(',').collect()).unwrap_or_default();
+    not_after - now_unix < threshold || names != sans.iter().map(String::as_str).collect::<Vec<_>>()
+}
+
+/// Names of the Secrets a pod template mounts (secret volumes and projected sources).
+pub fn mounted_secrets(pod_template: &Value) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for v in pod_template.pointer("/spec/volumes").and_then(Value::as_array).into_iter().flatten() {
+        if let Some(n) = v.pointer("/secret/secretName").and_then(Value::as_str) {
+            out.insert(n.to_string());
+        }
+        for s in v.pointer("/projected/sources").and_then(Value::as_array).into_iter().flatten() {
+            if let Some(n) = s.pointer("/secret/name").and_then(Value::as_str) {
+                out.insert(n.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Stamps [`POD_ANNOTATION`] on a StatefulSet's pod template from the `tls.crt` of every
+/// certificate Secret it mounts (`certificates`: Secret name → PEM). Returns whether the
+/// template mounts any; the value depends only on the certificates, so an unchanged
+/// certificate never rolls a pod and a renewed one rolls them (one at a time, the
+/// StatefulSet's RollingUpdate).
+pub fn stamp_pod_template(statefulset: &mut Value, certificates: &BTreeMap<String, String>) -> bool {
+    let Some(template) = statefulset.pointer_mut("/spec/template") else {
+        return false;
+    };
+    let mounted: Vec<(&String, &String)> =
+        mounted_secrets(template).into_iter().filter_map(|n| certificates.get_key_value(&n)).collect();
+    if mounted.is_empty() {
+        return false;
+    }
+    let mut h = Sha256::new();
+    for (name, pem) in mounted {
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update(Sha256::digest(pem.as_bytes()));
+    }
+    let digest = hex::encode(h.finalize());
+    if !template["metadata"].is_object() {
+        template["metadata"] = json!({});
+    }
+    if !template["metadata"]["annotations"].is_object() {
+        template["metadata"]["annotations"] = json!({});
+    }
+    template["metadata"]["annotations"][POD_ANNOTATION] = json!(digest);
+    true
+}
+
+/// Whether a StatefulSet (as JSON) is in the middle of a rolling update: its controller has not
+/// yet observed the current spec, or its pods are not all on the update revision. The keeper
+/// does not re-stamp such a set: a new stamp mid-roll would start a second roll over the
+/// first (the pods already replaced restart again) for no gain, since the renewed Secret is
+/// already written and its old certificate is still valid for `renew_before`. The stamp
+/// follows on a later pass, once the roll is done. Sets that do not roll on their own
+/// (`OnDelete`, a partition) are never held back: their revisions differ by design.
+pub fn roll_in_progress(statefulset: &Value) -> bool {
+    let strategy = statefulset.pointer("/spec/updateStrategy");
+    let rolling =
+        strategy.and_then(|s| s.get("type")).and_then(Value::as_str).is_none_or(|t| t == "RollingUpdate");
+    let partition =
+        strategy.and_then(|s| s.pointer("/rollingUpdate/partition")).and_then(Value::as_i64).unwrap_or(0);
+    if !rolling || partition > 0 {
+        return false;
+    }
+    let generation = statefulset.pointer("/metadata/generation").and_then(Value::as_i64);
+    let observed = statefulset.pointer("/status/observedGeneration").and_then(Value::as_i64);
+    let current = statefulset.pointer("/status/currentRevision").and_then(Value::as_str);
+    let update = statefulset.pointer("/status/updateRevision").and_then(Value::as_str);
+    observed < generation || update.is_none() || current != update
+}
+
+/// Where the keeper's CA is and how long its certificates live (the keeper runs only when the
+/// webhooks do, with their lifetimes).
+#[derive(Debug, Clone)]
+pub struct KeeperSettings {
+    /// The Secret holding the service CA (namespace, name): [`SERVICE_CA_SECRET`] in the
+    /// operator's namespace, made by the keeper, or with `--cert-manager` kept by cert-manager.
+    pub ca_secret: (String, String),
+    /// Whether `ca_secret` is cert-manager's (CA in `tls.crt`/`tls.key`).
+    pub cert_manager: bool,
+    pub policy: CertPolicy,
+}
+
+/// Issues and renews the certificate Secrets of managed clusters and stamps their
+/// StatefulSets, from the service CA.
+pub struct CertificateKeeper {
+    pub client: kube::Client,
+    /// The controllers' child caches (objects carrying the instance label).
+    pub children: Children,
+    pub settings: KeeperSettings,
+    /// The kinds the operator serves (group, kind): a certificate Secret must be controlled by
+    /// a resource of one of them.
+    pub served: BTreeSet<(String, String)>,
+}
+
+/// Whether a cached Secret asks for a certificate (labelled `stateward.dev/certificate=server`).
+fn wants_certificate(secret: &impl kube::Resource) -> bool {
+    kube::ResourceExt::labels(secret).get(CERTIFICATE_LABEL).map(String::as_str) == Some("server")
+}
+
+impl CertificateKeeper {
+    /// Runs [`Self::sync`] every check interval, and half a second after a certificate Secret
+    /// or an instance's Service is created or changed (as the child caches announce them): a
+    /// new cluster's Secret starts with placeholder bytes from `ensure-secret`, and its pods
+    /// cannot serve TLS until it holds a real certificate (the interval is up to a minute with
+    /// the default lifetimes). A pass reads the caches, whatever the number of clusters.
+    /// Errors are logged. Runs until dropped or aborted (with the controllers).
+    pub async fn run(self) {
+        let wake = Arc::new(tokio::sync::Notify::new());
+        // A certificate needs its Secret and the instance's Services (its names): a change to
+        // either wakes a pass. The changes are read all the time, also during a pass.
+        let changes = self.children.changes().filter(|change| {
+            let wakes = match change {
+                ChildChange::Changed(child) => {
+                    let kind = child.types.as_ref().map(|t| (t.api_version.as_str(), t.kind.as_str()));
+                    kind == Some(("v1", "Service"))
+                        || (kind == Some(("v1", "Secret")) && wants_certificate(child.as_ref()))
+                }
+                ChildChange::Relisted | ChildChange::Deleted { .. } => false,
+            };
+            std::future::ready(wakes)
+        });
+        let watching = {
+            let wake = Arc::clone(&wake);
+            async move {
+                let mut events = std::pin::pin!(changes);
+                while events.next().await.is_some() {
+                    wake.notify_one();
+                }
+                std::future::pending::<()>().await
+            }
+        };
+        let keeping = async {
+            loop {
+                match self.sync().await {
+                    Ok(n) if n > 0 => tracing::info!(issued = n, "service certificates issued"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "service certificates not kept; retrying"),
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(self.settings.policy.check_interval()) => {}
+                    // A plan writes its Secret and Services within moments: one pass for the lot.
+                    () = wake.notified() => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+                }
+            }
+        };
+        tokio::select! {
+            () = watching => {}
+            () = keeping => {}
+        }
+    }
+
+    /// The service CA as its Secret holds it now. Built-in mode: made on the first pass and
+    /// made anew when less than a certificate's lifetime is left (a write guarded by the
+    /// resourceVersion just read, so a replica that led a moment ago cannot race it; on a
+    /// conflict the next pass reads the result). `None` until there is one.
+    async fn service_ca(&self) -> Result<Option<Material>, WebhookError> {
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::api::PostParams;
+        let (ca_namespace, ca_name) = &self.settings.ca_secret;
+        let ca_api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), ca_namespace);
+        let current = ca_api.get_opt(ca_name).await.map_err(WebhookError::kube("reading the service CA"))?;
+        if self.settings.cert_manager {
+            return Ok(current.as_ref().and_then(certs::ca_from_cert_manager));
+        }
+        let stored = current.as_ref().and_then(Material::ca_from_secret);
+        if let Some(ca) = stored.filter(|ca| !certs::ca_due(ca, &self.settings.policy)) {
+            return Ok(Some(ca));
+        }
+        let ca = certs::issue_ca(&self.settings.policy, certs::SERVICE_CA_COMMON_NAME)?;
+        let written = match current {
+            None => {
+                let mut secret = Secret::default();
+                secret.metadata.name = Some(ca_name.clone());
+                secret.metadata.labels = Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "stateward".to_string(),
+                )]));
+                ca_api.create(&PostParams::default(), &ca.ca_into_secret(secret)).await
+            }
+            Some(existing) => {
+                ca_api.replace(ca_name, &PostParams::default(), &ca.ca_into_secret(existing)).await
+            }
+        };
+        match written {
+            Ok(_) => {
+                tracing::info!(not_after = ca.ca_not_after, "service CA issued");
+                Ok(Some(ca))
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+            Err(e) => Err(WebhookError::kube("writing the service CA")(e)),
+        }
+    }
+
+    /// One pass: issue what is due, then stamp every StatefulSet that mounts a certificate.
+    /// Returns how many certificates were issued.
+    pub async fn sync(&self) -> Result<usize, WebhookError> {
+        use k8s_openapi::api::apps::v1::StatefulSet;
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::api::{Patch, PatchParams};
+        let Some(ca) = self.service_ca().await? else {
+            return Ok(0);
+        };
+        let wanted: Vec<Arc<Secret>> =
+            self.children.secrets().into_iter().filter(|s| wants_certificate(s.as_ref())).collect();
+        // Every managed resource's Services, from the cache (a pass costs no API read).
+        let mut services_by_ns: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        for service in self.children.services() {
+            let Some(ns) = service.metadata.namespace.clone() else { continue };
+            if let Ok(mut value) = serde_json::to_value(service.as_ref()) {
+                value["kind"] = json!("Service");
+                services_by_ns.entry(ns).or_default().push(value);
+            }
+        }
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let mut issued = 0;
+        let mut by_namespace: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for secret in wanted {
+            let (Some(ns), Some(name)) = (secret.metadata.namespace.clone(), secret.metadata.name.clone())
+            else {
+                continue;
+            };
+            // Only a Secret the operator created for a resource it manages.
+            let Some(owner) =
+                serde_json::to_value(secret.as_ref()).ok().and_then(|v| managed_owner(&v, &self.served))
+            else {
+                continue;
+            };
+            let objects = services_by_ns.get(&ns).map(Vec::as_slice).unwrap_or_default();
+            let sans = service_sans(objects, &owner, &ns);
+            let text = |k: &str| {
+                secret
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(k))
+                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+                    .unwrap_or_default()
+            };
+            let current_ca = text(certs::CA_CRT) == ca.ca_pem;
+            let pem = if sans.is_empty() {
+                continue;
+            } else if current_ca
+                && !renewal_due(secret.metadata.annotations.as_ref(), &sans, &self.settings.policy, now)
+            {
+                text(certs::TLS_CRT)
+            } else {
+                let (data, annotations) = issue(&ca, &sans, &self.settings.policy)?;
+                let patch = json!({
+                    "metadata": { "resourceVersion": secret.metadata.resource_version, "annotations": annotations },
+                    "type": "Opaque",
+                    "stringData": data,
+                });
+                let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), &ns);
+                match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                    Ok(_) => issued += 1,
+                    // The cached Secret was behind (or someone else wrote it first); the next
+                    // pass reads the result.
+                    Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                    Err(e) => return Err(WebhookError::kube("writing a certificate Secret")(e)),
+                }
+                data.get(certs::TLS_CRT).cloned().unwrap_or_default()
+            };
+            by_namespace.entry(ns).or_default().insert(name, pem);
+        }
+        for (ns, certificates) in by_namespace {
+            let sets: kube::Api<StatefulSet> = kube::Api::namespaced(self.client.clone(), &ns);
+            for sts in self.children.statefulsets(&ns) {
+                let Some(name) = sts.metadata.name.clone() else {
+                    continue;
+                };
+                let mut value = serde_json::to_value(sts.as_ref()).unwrap_or_default();
+                let before = value.pointer(POD_ANNOTATION_POINTER).cloned();
+                if !stamp_pod_template(&mut value, &certificates) {
+                    continue;
+                }
+                let after = value.pointer(POD_ANNOTATION_POINTER).cloned();
+                if before != after && roll_in_progress(&value) {
+                    tracing::debug!(namespace = %ns, statefulset = %name, "certificate changed; stamping after the roll in progress");
+                } else if before != after {
+                    let patch = json!({ "spec": { "template": { "metadata": { "annotations": { POD_ANNOTATION: after } } } } });
+                    sets.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map_err(WebhookError::kube("stamping a StatefulSet"))?;
+                    tracing::info!(namespace = %ns, statefulset = %name, "certificate changed: pods roll");
+                }
+            }
+        }
+        Ok(issued)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A Service controlled by the resource with uid `owner`.
+    fn service(name: &str, owner: &str, headless: bool) -> Value {
+        let mut s = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name,
+            "labels": {crate::children::INSTANCE_LABEL: owner},
+            "ownerReferences": [{"apiVersion": "stateward.dev/v1", "kind": "PostgresCluster", "name": owner, "uid": owner, "controller": true}]}, "spec": {}});
+        if headless {
+            s["spec"]["clusterIP"] = json!("None");
+        }
+        s
+    }
+
+    #[test]
+    fn pointers_name_the_keys() {
+        assert_eq!(
+            POD_ANNOTATION_POINTER,
+            format!("/spec/template/metadata/annotations/{}", POD_ANNOTATION.replacen('/', "~1", 1))
+        );
+    }
+
+    #[test]
+    fn names_come_from_the_instance_services_only() {
+        let objects = vec![
+            service("db", "db", false),
+            service("db-headless", "db", true),
+            service("other", "other", false),
+            json!({"kind": "ConfigMap"}),
+        ];
+        let sans = service_sans(&objects, "db", "ns");
+        assert!(sans.contains(&"db.ns.svc".to_string()));
+        assert!(sans.contains(&"*.db-headless.ns.svc.cluster.local".to_string()));
+        assert!(!sans.iter().any(|n| n.starts_with("other")), "{sans:?}");
+        assert!(
+            !sans.iter().any(|n| n.starts_with("*.db.")),
+            "a non-headless Service got a wildcard: {sans:?}"
+        );
+    }
+
+    /// Finding 5: only full DNS names (a short name verifies for another namespace's Service of
+    /// that name), and only Services the resource controls: the instance label, which anyone
+    /// who can create a Service in the namespace can set, names nothing.
+    #[test]
+    fn names_are_full_and_only_of_services_the_resource_controls() {
+        let mut labelled_only = service("evil", "db", false);
+        labelled_only["metadata"]["ownerReferences"] = json!([]);
+        let mut controlled_by_other = service("other", "db", false);
+        controlled_by_other["metadata"]["ownerReferences"][0]["uid"] = json!("someone-else");
+        let sans =
+            service_sans(&[service("db", "db", false), labelled_only, controlled_by_other], "db", "ns");
+        assert_eq!(sans, ["db.ns.svc", "db.ns.svc.cluster.local"]);
+    }
+
+    /// Finding 5: a certificate Secret counts only when its controller owner reference names a
+    /// served kind; a labelled Secret of a namespace editor's (no owner, or owned by anything
+    /// else) does not.
+    #[test]
+    fn only_secrets_controlled_by_a_served_kind_get_certificates() {
+        let served = BTreeSet::from([("stateward.dev".to_string(), "PostgresCluster".to_string())]);
+        let secret =
+            |refs: Value| json!({"kind": "Secret", "metadata": {"name": "db-tls", "ownerReferences": refs}});
+        let ours = json!({"apiVersion": "stateward.dev/v1", "kind": "PostgresCluster", "name": "db", "uid": "u1", "controller": true});
+        assert_eq!(managed_owner(&secret(json!([ours.clone()])), &served).as_deref(), Some("u1"));
+        assert_eq!(managed_owner(&json!({"metadata": {"name": "db-tls"}}), &served), None, "no owner");
+        let mut not_controller = ours.clone();
+        not_controller["controller"] = json!(false);
+        assert_eq!(managed_owner(&secret(json!([not_controller])), &served), None);
+        let configmap =
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u2", "controller": true});
+        assert_eq!(managed_owner(&secret(json!([configmap])), &served), None, "not a served kind");
+        let mut other_group = ours;
+        other_group["apiVersion"] = json!("evil.example/v1");
+        assert_eq!(managed_owner(&secret(json!([other_group])), &served), None, "same kind, other group");
+    }
+
+    /// Finding 5: the service CA is a CA of its own, so a service certificate never verifies
+    /// against the webhook's CA.
+    #[test]
+    fn service_certificates_do_not_chain_to_the_webhook_ca() {
+        use rustls::client::danger::ServerCertVerifier as _;
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+        let policy = CertPolicy::default();
+        let webhook = certs::issue_all(&policy, &["stateward-webhook.ops.svc".to_string()]).expect("webhook");
+        let service_ca = certs::issue_ca(&policy, certs::SERVICE_CA_COMMON_NAME).expect("service CA");
+        let back =
+            Material::ca_from_secret(&service_ca.ca_into_secret(Default::default())).expect("read back");
+        assert_eq!(back.ca_pem, service_ca.ca_pem);
+        let (data, _) = issue(&back, &["stateward-webhook.ops.svc".to_string()], &policy).expect("issue");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(webhook.ca_pem.as_bytes()).expect("pem")).expect("root");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .expect("verifier");
+        let leaf = CertificateDer::from_pem_slice(data["tls.crt"].as_bytes()).expect("leaf");
+        let name = ServerName::try_from("stateward-webhook.ops.svc").expect("name");
+        assert!(verifier.verify_server_cert(&leaf, &[], &name, &[], UnixTime::now()).is_err());
+        assert_ne!(data["ca.crt"], webhook.ca_pem);
+    }
+
+    #[test]
+    fn a_ca_from_cert_manager_issues_certificates_that_chain_to_it() {
+        use rustls::client::danger::ServerCertVerifier as _;
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+        // A CA with a subject of its own, stored as cert-manager stores an isCA Certificate.
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name.push(rcgen::DnType::CommonName, "some other CA");
+        params.distinguished_name.push(rcgen::DnType::OrganizationName, "cert-manager test");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(2);
+        let ca_cert = params.self_signed(&key).expect("ca");
+        let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+            "metadata": {"name": "stateward-webhook-ca"},
+            "data": {
+                "tls.crt": base64_of(&ca_cert.pem()), "tls.key": base64_of(&key.serialize_pem()), "ca.crt": base64_of(&ca_cert.pem()),
+            },
+        }))
+        .expect("secret");
+        let ca = certs::ca_from_cert_manager(&secret).expect("a CA");
+        let not_after = params.not_after.unix_timestamp();
+        assert!((ca.ca_not_after - not_after).abs() <= 1, "expiry read from the certificate");
+        let policy = CertPolicy::default();
+        let sans = service_sans(&[service("db", "db", false)], "db", "ns");
+        let (data, _) = issue(&ca, &sans, &policy).expect("issue");
+        assert_eq!(data["ca.crt"], ca_cert.pem());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(ca_cert.pem().as_bytes()).expect("pem")).expect("root");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .expect("verifier");
+        let leaf = CertificateDer::from_pem_slice(data["tls.crt"].as_bytes()).expect("leaf");
+        verifier
+            .verify_server_cert(
+                &leaf,
+                &[],
+                &ServerName::try_from("db.ns.svc").expect("name"),
+                &[],
+                UnixTime::now(),
+            )
+            .expect("chains to the cert-manager CA");
+        assert!(certs::ca_from_cert_manager(&k8s_openapi::api::core::v1::Secret::default()).is_none());
+    }
+
+    fn base64_of(text: &str) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(text)
+    }
+
+    #[test]
+    fn issued_certificate_verifies_for_a_pod_name_under_the_headless_service() {
+        use rustls::client::danger::ServerCertVerifier as _;
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+        let policy = CertPolicy {
+            cert_lifetime: Duration::from_secs(3600),
+            renew_before: Duration::from_secs(600),
+            ca_lifetime: Duration::from_secs(86400),
+        };
+        let ca = certs::issue_all(&policy, &["unused".to_string()]).expect("ca");
+        let sans = service_sans(&[service("db-headless", "db", true)], "db", "ns");
+        let (data, annotations) = issue(&ca, &sans, &policy).expect("issue");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(data["ca.crt"].as_bytes()).expect("ca pem")).expect("root");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .expect("verifier");
+        let leaf = CertificateDer::from_pem_slice(data["tls.crt"].as_bytes()).expect("leaf");
+        let pod = ServerName::try_from("db-0.db-headless.ns.svc.cluster.local").expect("name");
+        verifier.verify_server_cert(&leaf, &[], &pod, &[], UnixTime::now()).expect("pod name verifies");
+        let stranger = ServerName::try_from("db-0.other.ns.svc.cluster.local").expect("name");
+        assert!(verifier.verify_server_cert(&leaf, &[], &stranger, &[], UnixTime::now()).is_err());
+
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        assert!(!renewal_due(Some(&annotations), &sans, &policy, now));
+        assert!(renewal_due(Some(&annotations), &sans, &policy, now + 3100), "under the threshold");
+        assert!(renewal_due(Some(&annotations), &["x".to_string()], &policy, now), "names changed");
+        assert!(renewal_due(None, &sans, &policy, now));
+    }
+
+    #[test]
+    fn a_rolling_statefulset_is_not_restamped_until_its_roll_is_done() {
+        let sts = |strategy: Value, generation: i64, status: Value| json!({"metadata": {"generation": generation}, "spec": {"updateStrategy": strategy}, "status": status});
+        let rolling = json!({"type": "RollingUpdate"});
+        let done = json!({"observedGeneration": 2, "currentRevision": "a", "updateRevision": "a"});
+        assert!(!roll_in_progress(&sts(rolling.clone(), 2, done.clone())), "rolled out");
+        assert!(
+            !roll_in_progress(&json!({"metadata": {"generation": 2}, "spec": {}, "status": done})),
+            "RollingUpdate is the default"
+        );
+        assert!(
+            roll_in_progress(&sts(
+                rolling.clone(),
+                3,
+                json!({"observedGeneration": 2, "currentRevision": "a", "updateRevision": "a"})
+            )),
+            "new spec not yet observed"
+        );
+        let mid = json!({"observedGeneration": 2, "currentRevision": "a", "updateRevision": "b"});
+        assert!(roll_in_progress(&sts(rolling, 2, mid.clone())), "pods on two revisions");
+        assert!(roll_in_progress(&json!({"metadata": {"generation": 1}, "spec": {}})), "no status yet");
+        assert!(!roll_in_progress(&sts(json!({"type": "OnDelete"}), 2, mid.clone())));
+        assert!(!roll_in_progress(&sts(
+            json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 2}}),
+            2,
+            mid
+        )));
+    }
+
+    #[test]
+    fn pod_template_hash_follows_mounted_certificates_only() {
+        let sts = |volumes: Value| json!({"kind": "StatefulSet", "spec": {"template": {"spec": {"volumes": volumes}}}});
+        let mut mounted = sts(
+            json!([{"name": "tls", "secret": {"secretName": "db-tls"}}, {"name": "p", "projected": {"sources": [{"secret": {"name": "db-extra"}}]}}]),
+        );
+        let certs_a = BTreeMap::from([("db-tls".to_string(), "A".to_string())]);
+        let certs_b = BTreeMap::from([("db-tls".to_string(), "B".to_string())]);
+        assert!(stamp_pod_template(&mut mounted, &certs_a));
+        let a = mounted["spec"]["template"]["metadata"]["annotations"][POD_ANNOTATION].clone();
+        assert!(stamp_pod_template(&mut mounted, &certs_a));
+        assert_eq!(
+            mounted["spec"]["template"]["metadata"]["annotations"][POD_ANNOTATION], a,
+            "same certificate, same hash"
+        );
+        assert!(stamp_pod_template(&mut mounted, &certs_b));
+        assert_ne!(
+            mounted["spec"]["template"]["metadata"]["annotations"][POD_ANNOTATION], a,
+            "a renewed certificate must roll"
+        );
+        let mut unrelated = sts(json!([{"name": "cfg", "configMap": {"name": "db-config"}}]));
+        assert!(!stamp_pod_template(&mut unrelated, &certs_a));
+        assert!(unrelated["spec"]["template"].get("metadata").is_none());
+        assert!(is_certificate_request(&[(CERTIFICATE_LABEL.to_string(), "server".to_string())]));
+        assert!(!is_certificate_request(&[]));
+    }
+}

@@ -1,0 +1,756 @@
+//! PostgreSQL high availability on real pods (issue [postgres]): one primary and streaming hot
+//! standbys, failover, switchover. Each test makes its own `PostgresCluster` with the local
+//! image, a client pod of the same image that reaches the cluster through its Services, and
+//! prints what it measured (`-- --nocapture`).
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use kube::Api;
+use serde_json::{json, Value};
+use stateward_testkit::real::RealPods;
+use stateward_testkit::TestEnv;
+
+use super::e2e::{self, get_cr, summary, wait_for, POSTGRES};
+
+mod app;
+mod rolling;
+mod scale;
+use super::{kubectl_ok, pod_ready, sample, start_operator, PG_IMAGE};
+
+/// Enters the real-pods cluster for `test` (see [`RealPods::enter`]: None in the test's own
+/// process, which re-runs it inside the cluster's network namespace) and starts the operator
+/// `operator` there.
+pub(super) async fn enter_with_operator(
+    test: &str,
+    prefix: &str,
+    operator: &str,
+) -> Option<(TestEnv, e2e::Operator)> {
+    let env = RealPods::enter(test, prefix).await.expect("real-pods cluster")?;
+    let mut op = start_operator(&env, operator);
+    op.wait_ready(Duration::from_secs(60)).await;
+    Some((env, op))
+}
+
+/// The Events of the custom resource `name`, oldest first, as "Type Reason: message".
+pub(super) async fn cr_events(env: &TestEnv, name: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    let mut list: Vec<_> = events
+        .list(&kube::api::ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect();
+    list.sort_by_key(|e| {
+        e.event_time.as_ref().map(|t| t.0).or(e.deprecated_first_timestamp.as_ref().map(|t| t.0))
+    });
+    list.into_iter()
+        .map(|e| {
+            format!(
+                "{} {}: {}",
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// A client pod of the PostgreSQL image: `psql` reaches the cluster's Services as the
+/// superuser (its password from the credentials Secret), without TLS (quicker connections).
+fn client_pod(cluster: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "client" },
+        "spec": {
+            "securityContext": { "runAsUser": 999, "runAsGroup": 999, "runAsNonRoot": true },
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "client", "image": PG_IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
+                "env": [
+                    { "name": "PGUSER", "value": "postgres" },
+                    { "name": "PGDATABASE", "value": "postgres" },
+                    { "name": "PGSSLMODE", "value": "disable" },
+                    { "name": "PGCONNECT_TIMEOUT", "value": "2" },
+                    { "name": "PGPASSWORD", "valueFrom": { "secretKeyRef": { "name": format!("{cluster}-credentials"), "key": "password" } } },
+                ],
+            }],
+        }
+    })
+}
+
+/// `psql -XAt -c sql` in `pod` (over its socket, as the server's user).
+fn psql_in(env: &TestEnv, pod: &str, sql: &str) -> String {
+    kubectl_ok(env, &["exec", pod, "-c", "postgres", "--", "psql", "-U", "postgres", "-XAtc", sql])
+        .trim()
+        .to_string()
+}
+
+/// A shell script run by the client pod; its stdout.
+fn client_sh(env: &TestEnv, script: &str) -> String {
+    kubectl_ok(env, &["exec", "client", "--", "sh", "-c", script])
+}
+
+/// The pods behind a Service, from its EndpointSlices (ready endpoints only).
+pub(super) async fn endpoints(env: &TestEnv, service: &str) -> BTreeSet<String> {
+    endpoint_pods(env, service).await.into_iter().map(|(name, _)| name).collect()
+}
+
+/// [`endpoints`] as (pod name, pod uid): a pod made again under the same name is another.
+async fn endpoint_pods(env: &TestEnv, service: &str) -> BTreeSet<(String, String)> {
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> = env.api();
+    let list = slices
+        .list(&kube::api::ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    list.iter()
+        .flat_map(|s| s.endpoints.iter())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false))
+        .filter_map(|e| {
+            let r = e.target_ref.as_ref()?;
+            Some((r.name.clone()?, r.uid.clone().unwrap_or_default()))
+        })
+        .collect()
+}
+
+/// A pod of the cluster `pg` as the API server has it.
+#[derive(Debug, Clone)]
+struct PodState {
+    name: String,
+    uid: String,
+    deleting: bool,
+    ready: bool,
+}
+
+/// The pods of the cluster `pg`.
+async fn pods(env: &TestEnv) -> Vec<PodState> {
+    let api: Api<k8s_openapi::api::core::v1::Pod> = env.api();
+    let list = api
+        .list(&kube::api::ListParams::default().labels("stateward.dev/instance=pg"))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    list.into_iter()
+        .map(|p| PodState {
+            ready: p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+            name: p.metadata.name.unwrap_or_default(),
+            uid: p.metadata.uid.unwrap_or_default(),
+            deleting: p.metadata.deletion_timestamp.is_some(),
+        })
+        .collect()
+}
+
+/// The instances of status, as (pod, role, streaming).
+fn instances(cr: &Value) -> Vec<(String, String, bool)> {
+    cr.pointer("/status/instances")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|i| {
+            (
+                i["pod"].as_str().unwrap_or_default().to_string(),
+                i["role"].as_str().unwrap_or_default().to_string(),
+                i["streaming"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
+fn current_primary(cr: &Value) -> String {
+    cr.pointer("/status/currentPrimary").and_then(Value::as_str).unwrap_or_default().to_string()
+}
+
+/// Waits until `n` instances answer: one confirmed primary (also the target), the others
+/// streaming standbys, `-rw` has the primary and `-ro` exactly the standbys. Returns the
+/// primary and the standbys.
+async fn wait_replicated(env: &TestEnv, name: &str, n: usize, timeout: Duration) -> (String, Vec<String>) {
+    let api = POSTGRES.api(env);
+    let (found, _) =
+        wait_for(&format!("{name}: one primary and {} streaming standbys", n - 1), timeout, || {
+            let api = api.clone();
+            async move {
+                let cr = get_cr(&api, name).await.ok_or("CR not found")?;
+                let primary = current_primary(&cr);
+                let target = cr.pointer("/status/targetPrimary").and_then(Value::as_str).unwrap_or_default();
+                let inst = instances(&cr);
+                let standbys: Vec<String> =
+                    inst.iter().filter(|(_, r, s)| r == "replica" && *s).map(|(p, _, _)| p.clone()).collect();
+                let primaries: Vec<&String> =
+                    inst.iter().filter(|(_, r, _)| r == "primary").map(|(p, _, _)| p).collect();
+                let rw = endpoints(env, &format!("{name}-rw")).await;
+                let ro = endpoints(env, &format!("{name}-ro")).await;
+                let ok = !primary.is_empty()
+                    && primary == target
+                    && primaries == [&primary]
+                    && standbys.len() == n - 1
+                    && rw == BTreeSet::from([primary.clone()])
+                    && ro == standbys.iter().cloned().collect();
+                if ok {
+                    Ok((primary, standbys))
+                } else {
+                    Err(format!("rw {rw:?} ro {ro:?} instances {inst:?}; {}", summary(&cr)))
+                }
+            }
+        })
+        .await;
+    found
+}
+
+/// Makes the cluster `name` of `replicas` instances and the client pod, and waits until it
+/// replicates.
+async fn make_cluster(
+    env: &TestEnv,
+    name: &str,
+    replicas: u32,
+    extra: Value,
+) -> (String, Vec<String>, Duration) {
+    let mut cr = sample("PostgresCluster", name, PG_IMAGE, replicas);
+    if let (Some(spec), Value::Object(more)) = (cr["spec"].as_object_mut(), extra) {
+        spec.extend(more);
+    }
+    let started = Instant::now();
+    e2e::apply(env, &env.namespace, &cr);
+    super::apply_json(env, &[client_pod(name)]);
+    wait_replicated(env, name, replicas as usize, Duration::from_secs(420)).await;
+    // The server certificate the host issues after the first pods started rolls them once:
+    // the measurements start on a cluster the StatefulSet has finished rolling.
+    let api = POSTGRES.api(env);
+    wait_for(&format!("{name} rolled and converged"), Duration::from_secs(300), || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, name).await.ok_or("CR not found")?;
+            if super::e2e::condition(&cr, "Progressing") == Some("False")
+                && super::e2e::phase(&cr) == "Running"
+            {
+                Ok(())
+            } else {
+                Err(summary(&cr))
+            }
+        }
+    })
+    .await;
+    let (primary, standbys) = wait_replicated(env, name, replicas as usize, Duration::from_secs(300)).await;
+    pod_ready(env, "client", Duration::from_secs(60)).await;
+    (primary, standbys, started.elapsed())
+}
+
+/// Must show 1: a three-instance cluster replicates. A row written through `-rw` is read
+/// through `-ro` within a second; the primary's `pg_stat_replication` lists two streaming
+/// standbys; each standby is in recovery; `-ro`'s endpoints are exactly the standbys and
+/// `-rw`'s the primary.
+#[tokio::test]
+async fn three_instances_stream_from_one_primary() {
+    let Some((env, op)) =
+        enter_with_operator("pg_ha::three_instances_stream_from_one_primary", "rp-pgha", "realpods-pgha")
+            .await
+    else {
+        return;
+    };
+    let (primary, standbys, took) = make_cluster(&env, "pg", 3, json!({})).await;
+    eprintln!("realpods-pg: 3 instances replicating {took:.1?} after create: primary {primary}, standbys {standbys:?}");
+    // Pod 0 made the cluster (initdb); the host's certificate, issued meanwhile, rolls the pods,
+    // so another instance may be the primary by now (a clean failover: nothing lost).
+    let events = cr_events(&env, "pg").await;
+    assert!(events.iter().any(|e| e.contains("PrimaryConfirmed: pg-0 is the first primary")), "{events:#?}");
+    eprintln!("realpods-pg: events: {events:#?}");
+
+    // The standbys say so themselves; the primary sees both streaming.
+    for s in &standbys {
+        assert_eq!(psql_in(&env, s, "select pg_is_in_recovery()"), "t", "{s}");
+    }
+    assert_eq!(psql_in(&env, &primary, "select pg_is_in_recovery()"), "f");
+    let replication =
+        psql_in(&env, &primary, "select application_name, state from pg_stat_replication order by 1");
+    let streaming: Vec<&str> = replication
+        .lines()
+        .filter(|l| l.ends_with("|streaming"))
+        .map(|l| l.split('|').next().unwrap_or(""))
+        .collect();
+    assert_eq!(streaming, standbys.iter().map(String::as_str).collect::<Vec<_>>(), "{replication}");
+    let slots =
+        psql_in(&env, &primary, "select slot_name || ':' || active from pg_replication_slots order by 1");
+    eprintln!(
+        "realpods-pg: pg_stat_replication on {primary}: {}; slots: {}",
+        replication.replace('\n', ", "),
+        slots.replace('\n', ", ")
+    );
+    assert_eq!(
+        slots.lines().filter(|l| l.ends_with(":true")).count(),
+        2,
+        "a slot per standby, in use: {slots}"
+    );
+
+    // A row through -rw, read back through -ro. Both times are the servers' clocks (one machine):
+    // a session on -ro already connected polls for the row inside the server, and the commit
+    // time comes from the insert itself, so what is timed is replication, not psql start-ups.
+    let out = client_sh(
+        &env,
+        r#"wait_for() { i=0; until eval "$1"; do i=$((i + 1)); [ $i -lt 300 ] || { echo "timed out: $1" >&2; exit 1; }; sleep 0.05; done; }
+        psql -h pg-rw -XAtqc 'create table if not exists probe(id int primary key)' &&
+        wait_for 'psql -h pg-ro -XAtqc "select from probe limit 0" 2> /dev/null' &&
+        rm -f /tmp/seen && (PGOPTIONS='-c statement_timeout=10s' psql -h pg-ro -XAtq -F ' ' \
+            -c 'select 0' \
+            -c 'do $$ begin while not exists (select 1 from probe where id = 42) loop perform pg_sleep(0.005); end loop; end $$' \
+            -c 'select (extract(epoch from clock_timestamp()) * 1000)::bigint, pg_is_in_recovery()' > /tmp/seen &) &&
+        wait_for '[ -s /tmp/seen ]' && sleep 0.2 &&
+        committed=$(psql -h pg-rw -XAtqc 'insert into probe(id) values (42) returning (extract(epoch from clock_timestamp()) * 1000)::bigint') &&
+        wait_for '[ "$(wc -l < /tmp/seen)" -ge 2 ]' &&
+        tail -n 1 /tmp/seen | { read seen recovery; echo $((seen - committed)) $recovery; }"#,
+    );
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    let read_ms: i64 = fields[0].parse().expect("ms");
+    eprintln!(
+        "realpods-pg: a row committed through pg-rw was visible through pg-ro {read_ms} ms later (that reader in recovery: {})",
+        fields[1]
+    );
+    assert!(read_ms <= 1000, "read through -ro {read_ms} ms after the write");
+    assert_eq!(fields[1], "t", "-ro answered from a standby");
+    drop(op);
+}
+
+/// The writer: in the client pod, one `psql` session at a time commits numbered rows through
+/// `-rw` as fast as it can and prints each acknowledged id with its commit time (ms, the
+/// server's clock); a lost connection ends the session and a new one starts at once.
+const WRITER: &str = r#"
+: > /tmp/acks
+until psql -h pg-rw -XAtqc 'create table if not exists w(id bigserial primary key, at timestamptz not null default clock_timestamp())'; do sleep 0.5; done
+while [ ! -e /tmp/stop ]; do
+  yes "insert into w default values returning id, (extract(epoch from at) * 1000)::bigint;" |
+    psql "host=pg-rw keepalives_idle=1 keepalives_interval=1 keepalives_count=2 tcp_user_timeout=3000" \
+      -XAtq -F ' ' -v ON_ERROR_STOP=1 >> /tmp/acks 2>> /tmp/errs
+  sleep 0.05
+done
+echo done > /tmp/stopped
+"#;
+
+fn start_writer(env: &TestEnv) {
+    client_sh(env, &format!("rm -f /tmp/stop /tmp/stopped; cat > /tmp/writer.sh <<'EOF'\n{WRITER}\nEOF\nnohup sh /tmp/writer.sh >/dev/null 2>&1 &"));
+}
+
+/// Stops the writer; its acknowledgements as (id, commit ms), in commit order.
+fn stop_writer(env: &TestEnv) -> Vec<(u64, u64)> {
+    client_sh(env, "touch /tmp/stop; for i in $(seq 100); do [ -e /tmp/stopped ] && break; sleep 0.1; done");
+    let acks = client_sh(env, "cat /tmp/acks");
+    let mut out: Vec<(u64, u64)> = acks
+        .lines()
+        .filter_map(|l| {
+            let (id, ms) = l.trim().split_once(' ')?;
+            Some((id.parse().ok()?, ms.parse().ok()?))
+        })
+        .collect();
+    out.sort_by_key(|(_, ms)| *ms);
+    out
+}
+
+/// The longest time between two acknowledged commits, and when it began.
+fn write_gap(acks: &[(u64, u64)]) -> (u64, u64) {
+    acks.windows(2).map(|w| (w[1].1 - w[0].1, w[0].1)).max().unwrap_or((0, 0))
+}
+
+/// Acknowledged ids that the cluster no longer has.
+fn lost(env: &TestEnv, acks: &[(u64, u64)]) -> Vec<u64> {
+    let present: BTreeSet<u64> = client_sh(env, "psql -h pg-rw -XAtc 'select id from w'")
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    acks.iter().map(|(id, _)| *id).filter(|id| !present.contains(id)).collect()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn wait_acks(env: &TestEnv, at_least: usize) {
+    wait_for(&format!("{at_least} acknowledged writes"), Duration::from_secs(60), || {
+        let n = client_sh(env, "cat /tmp/acks 2>/dev/null | wc -l").trim().parse::<usize>().unwrap_or(0);
+        async move {
+            if n >= at_least {
+                Ok(())
+            } else {
+                Err(format!("{n} so far"))
+            }
+        }
+    })
+    .await;
+}
+
+/// What [`fail_over_under_writes`] saw.
+struct Failover {
+    new: String,
+    deleted: Instant,
+    lost: Vec<u64>,
+}
+
+/// Must show 2's common part: while the writer commits through `-rw`, the primary `old`'s pod
+/// is deleted with `--grace-period=0`; a new primary is confirmed, the writes resume, the
+/// write gap (asserted within 15 s) and the acknowledged writes lost are printed
+/// (`replication` says which kind).
+async fn fail_over_under_writes(env: &TestEnv, old: &str, replication: &str) -> Failover {
+    let api = POSTGRES.api(env);
+    start_writer(env);
+    wait_acks(env, 200).await;
+
+    let deleted_ms = now_ms();
+    let deleted = Instant::now();
+    kubectl_ok(env, &["delete", "pod", old, "--grace-period=0", "--force"]);
+    let (new, took) = wait_for("a new primary", Duration::from_secs(60), || {
+        let api = api.clone();
+        let old = old.to_string();
+        async move {
+            let cr = get_cr(&api, "pg").await.ok_or("CR not found")?;
+            let p = current_primary(&cr);
+            let target = cr.pointer("/status/targetPrimary").and_then(Value::as_str).unwrap_or_default();
+            if !p.is_empty() && p != old && p == target {
+                Ok(p)
+            } else {
+                Err(summary(&cr))
+            }
+        }
+    })
+    .await;
+    eprintln!(
+        "realpods-pg: primary {old} deleted (--grace-period=0); {new} confirmed primary {took:.1?} later"
+    );
+    // Writes through -rw resume on the new primary.
+    let acked = client_sh(env, "cat /tmp/acks 2>/dev/null | wc -l").trim().parse::<usize>().unwrap_or(0);
+    wait_acks(env, acked + 200).await;
+    let acks = stop_writer(env);
+    let (gap, gap_from) = write_gap(&acks);
+    let lost = lost(env, &acks);
+    eprintln!(
+        "realpods-pg: failover write gap {gap} ms (last ack before {:.1} s after the delete was sent, \
+         first after at {:.1} s); {} writes acknowledged, {} of them lost ({replication}): {:?}",
+        gap_from.saturating_sub(deleted_ms) as f64 / 1000.0,
+        (gap_from + gap).saturating_sub(deleted_ms) as f64 / 1000.0,
+        acks.len(),
+        lost.len(),
+        &lost[..lost.len().min(20)],
+    );
+    assert!(gap <= 15_000, "write gap {gap} ms over 15 s");
+    Failover { new, deleted, lost }
+}
+
+/// Must show 2: failover under write load. The primary's pod is deleted with
+/// `--grace-period=0` while a writer commits through `-rw`; a standby is promoted after
+/// `failoverDelay`, the write gap and the acknowledged writes lost (asynchronous replication)
+/// are printed, and the former primary comes back as a streaming standby on the new timeline
+/// after `pg_rewind` (its start log says so).
+#[tokio::test]
+async fn failover_under_write_load_and_the_old_primary_rejoins() {
+    let Some((env, op)) = enter_with_operator(
+        "pg_ha::failover_under_write_load_and_the_old_primary_rejoins",
+        "rp-pgfo",
+        "realpods-pgfo",
+    )
+    .await
+    else {
+        return;
+    };
+    let (old, _, _) = make_cluster(&env, "pg", 3, json!({})).await;
+    let api = POSTGRES.api(&env);
+    let before = get_cr(&api, "pg").await.expect("CR");
+    let timeline = before.pointer("/status/timeline").and_then(Value::as_u64).unwrap_or(0);
+    let Failover { new, deleted, .. } = fail_over_under_writes(&env, &old, "asynchronous replication").await;
+
+    // The former primary streams again, on the new timeline, after pg_rewind.
+    let (primary, standbys) = wait_replicated(&env, "pg", 3, Duration::from_secs(90)).await;
+    let back = deleted.elapsed();
+    assert_eq!(primary, new);
+    assert!(standbys.contains(&old), "{standbys:?}");
+    let cr = get_cr(&api, "pg").await.expect("CR");
+    let new_timeline = cr.pointer("/status/timeline").and_then(Value::as_u64).unwrap_or(0);
+    assert!(new_timeline > timeline, "timeline {timeline} -> {new_timeline}");
+    assert_eq!(psql_in(&env, &old, "select pg_is_in_recovery()"), "t");
+    let received_tli = psql_in(&env, &old, "select received_tli from pg_stat_wal_receiver");
+    assert_eq!(received_tli, new_timeline.to_string(), "{old} streams on the new timeline");
+    let startlog = kubectl_ok(
+        &env,
+        &["exec", &old, "-c", "postgres", "--", "cat", "/var/lib/postgresql/data/stateward.log"],
+    );
+    let rewind: Vec<&str> = startlog.lines().filter(|l| l.contains("pg_rewind")).collect();
+    assert!(!rewind.is_empty(), "no pg_rewind in {old}'s start log:\n{startlog}");
+    eprintln!(
+        "realpods-pg: {old} back as a streaming standby on timeline {new_timeline} {back:.1?} after the delete; its start log:\n  {}",
+        rewind.join("\n  ")
+    );
+    let events = cr_events(&env, "pg").await;
+    eprintln!(
+        "realpods-pg: events: {:#?}",
+        events.iter().filter(|e| !e.contains("SuccessfulCreate")).collect::<Vec<_>>()
+    );
+    drop(op);
+}
+
+/// Must show 8: a 3 s stall of the primary under load (every postgres process of its
+/// container stopped, then continued) does not fail over.
+#[tokio::test]
+async fn a_three_second_stall_of_the_primary_does_not_fail_over() {
+    let Some((env, op)) = enter_with_operator(
+        "pg_ha::a_three_second_stall_of_the_primary_does_not_fail_over",
+        "rp-pgblip",
+        "realpods-pgblip",
+    )
+    .await
+    else {
+        return;
+    };
+    let (primary, _, _) = make_cluster(&env, "pg", 3, json!({})).await;
+    let api = POSTGRES.api(&env);
+    let before = get_cr(&api, "pg").await.expect("CR");
+    let promotions = before.pointer("/status/promotions").cloned();
+    // The certificate's roll may have failed over once already, before the stall.
+    let failovers_before = cr_events(&env, "pg").await.iter().filter(|e| e.contains("FailingOver")).count();
+    start_writer(&env);
+    wait_acks(&env, 200).await;
+    let stalled_ms = now_ms();
+    kubectl_ok(
+        &env,
+        &[
+            "exec", &primary, "-c", "postgres", "--", "sh", "-c",
+            "pids=$(for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = postgres ] && echo ${p#/proc/}; done); \
+             kill -STOP $pids; sleep 3; kill -CONT $pids",
+        ],
+    );
+    // Well past failoverDelay (5 s) and a few polls.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let acked = client_sh(&env, "cat /tmp/acks 2>/dev/null | wc -l").trim().parse::<usize>().unwrap_or(0);
+    wait_acks(&env, acked + 100).await;
+    let acks = stop_writer(&env);
+    let (gap, gap_from) = write_gap(&acks);
+    let cr = get_cr(&api, "pg").await.expect("CR");
+    let events = cr_events(&env, "pg").await;
+    eprintln!(
+        "realpods-pg: primary stalled 3 s under load: write gap {gap} ms (from {:.1} s after the stall began), \
+         primary still {}, promotions {:?}",
+        gap_from.saturating_sub(stalled_ms) as f64 / 1000.0,
+        current_primary(&cr),
+        cr.pointer("/status/promotions"),
+    );
+    assert_eq!(current_primary(&cr), primary, "no failover: {}", summary(&cr));
+    assert_eq!(cr.pointer("/status/promotions").cloned(), promotions);
+    assert_eq!(events.iter().filter(|e| e.contains("FailingOver")).count(), failovers_before, "{events:#?}");
+    assert!(gap < 5_000, "the writer waited out the stall only: {gap} ms");
+    assert!(lost(&env, &acks).is_empty());
+    drop(op);
+}
+
+fn switchover_status(cr: &Value) -> (String, String, String) {
+    let s = |k: &str| {
+        cr.pointer(&format!("/status/switchover/{k}")).and_then(Value::as_str).unwrap_or_default().to_string()
+    };
+    (s("to"), s("phase"), s("message"))
+}
+
+/// Must show 3: a switchover (`stateward.dev/switchover-to`) under the same writer: the
+/// primary stops cleanly, the standby is promoted, the write gap is short, no acknowledged write
+/// is lost, and the old primary streams afterwards. Then one to a missing instance is refused
+/// with the reason in status and a Warning Event, and one to a standby far behind the primary
+/// (its WAL receiver stopped) is refused with the lag in status.
+#[tokio::test]
+async fn switchover_under_write_load_loses_nothing() {
+    let Some((env, op)) =
+        enter_with_operator("pg_ha::switchover_under_write_load_loses_nothing", "rp-pgso", "realpods-pgso")
+            .await
+    else {
+        return;
+    };
+    let (old, standbys, _) = make_cluster(&env, "pg", 3, json!({})).await;
+    let to = standbys[0].clone();
+    let api = POSTGRES.api(&env);
+    start_writer(&env);
+    wait_acks(&env, 200).await;
+    let asked = Instant::now();
+    kubectl_ok(
+        &env,
+        &["annotate", "--overwrite", "postgrescluster", "pg", &format!("stateward.dev/switchover-to={to}")],
+    );
+    let (_, took) = wait_for("the switchover done", Duration::from_secs(90), || {
+        let api = api.clone();
+        let to = to.clone();
+        async move {
+            let cr = get_cr(&api, "pg").await.ok_or("CR not found")?;
+            let (sto, phase, message) = switchover_status(&cr);
+            if current_primary(&cr) == to && sto == to && phase == "Done" {
+                Ok(())
+            } else {
+                Err(format!("{sto} {phase} {message}; {}", summary(&cr)))
+            }
+        }
+    })
+    .await;
+    let acked = client_sh(&env, "cat /tmp/acks 2>/dev/null | wc -l").trim().parse::<usize>().unwrap_or(0);
+    wait_acks(&env, acked + 200).await;
+    let acks = stop_writer(&env);
+    let (gap, _) = write_gap(&acks);
+    let lost = lost(&env, &acks);
+    let (primary, standbys) = wait_replicated(&env, "pg", 3, Duration::from_secs(120)).await;
+    eprintln!(
+        "realpods-pg: switchover {old} -> {to} done {took:.1?} after the annotation; write gap {gap} ms; {} writes acknowledged, {} lost; \
+         {old} streaming again {:.1?} after the annotation",
+        acks.len(),
+        lost.len(),
+        asked.elapsed()
+    );
+    assert_eq!(primary, to);
+    assert!(standbys.contains(&old));
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    // The issue's target. `-rw` moves to the target in the plan that promotes it (1.3 s
+    // measured beside other live tests, printed above; 3.6 to 7.3 s when it moved only after
+    // the promotion's answer).
+    assert!(gap <= 5_000, "write gap {gap} ms over 5 s");
+
+    // A switchover to an instance that does not exist is refused, with the reason.
+    kubectl_ok(
+        &env,
+        &["annotate", "--overwrite", "postgrescluster", "pg", "stateward.dev/switchover-to=pg-7"],
+    );
+    let (message, _) = wait_for("the switchover to pg-7 refused", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, "pg").await.ok_or("CR not found")?;
+            match switchover_status(&cr) {
+                (to, phase, message) if to == "pg-7" && phase == "Refused" => Ok(message),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    // The Event follows the status write: wait for it rather than read once.
+    let (events, _) = wait_for("the refusal's Event", Duration::from_secs(30), || {
+        let env = &env;
+        async move {
+            let events = cr_events(env, "pg").await;
+            if events.iter().any(|e| e.starts_with("Warning SwitchoverRefused")) {
+                Ok(events)
+            } else {
+                Err(format!("{events:?}"))
+            }
+        }
+    })
+    .await;
+    let refused: Vec<&String> =
+        events.iter().filter(|e| e.starts_with("Warning SwitchoverRefused")).collect();
+    eprintln!("realpods-pg: switchover to pg-7 refused: {message}; event: {refused:?}");
+    assert!(message.contains("not an instance"), "{message}");
+    assert_eq!(refused.len(), 1, "{events:#?}");
+    assert_eq!(current_primary(&get_cr(&api, "pg").await.expect("CR")), to, "nothing moved");
+
+    // Must show 7: one to a standby far behind is refused too. Its WAL receiver is stopped
+    // (SIGSTOP) while the primary writes some 40 MB of WAL, more than the 16 MB allowed.
+    let lagging = standbys.iter().find(|s| **s != to).expect("another standby").clone();
+    let receiver = psql_in(&env, &lagging, "select pid from pg_stat_wal_receiver");
+    kubectl_ok(
+        &env,
+        &["exec", &lagging, "-c", "postgres", "--", "sh", "-c", &format!("kill -STOP {receiver}")],
+    );
+    client_sh(&env, "psql -h pg-rw -XAtqc 'create table ballast as select repeat(md5(i::text), 32) as x from generate_series(1, 40000) i'");
+    // The polls (every 2 s) see the lag before the annotation is read.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    kubectl_ok(
+        &env,
+        &[
+            "annotate",
+            "--overwrite",
+            "postgrescluster",
+            "pg",
+            &format!("stateward.dev/switchover-to={lagging}"),
+        ],
+    );
+    let refused = wait_for(&format!("the switchover to {lagging} refused"), Duration::from_secs(60), || {
+        let api = api.clone();
+        let lagging = lagging.clone();
+        async move {
+            let cr = get_cr(&api, "pg").await.ok_or("CR not found")?;
+            match switchover_status(&cr) {
+                (sto, phase, message) if sto == lagging && phase == "Refused" => Ok(message),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    kubectl_ok(
+        &env,
+        &["exec", &lagging, "-c", "postgres", "--", "sh", "-c", &format!("kill -CONT {receiver}")],
+    );
+    eprintln!("realpods-pg: switchover to the lagging {lagging} refused: {}", refused.0);
+    assert!(refused.0.contains("bytes behind the primary"), "{}", refused.0);
+    // Its own Event, beside the first refusal's (one Event per distinct message).
+    let (events, _) = wait_for("the lagging refusal's Event", Duration::from_secs(30), || {
+        let env = &env;
+        async move {
+            let events = cr_events(env, "pg").await;
+            let refusals = events.iter().filter(|e| e.starts_with("Warning SwitchoverRefused")).count();
+            if refusals >= 2 {
+                Ok(events)
+            } else {
+                Err(format!("{events:?}"))
+            }
+        }
+    })
+    .await;
+    let refusals: Vec<&String> =
+        events.iter().filter(|e| e.starts_with("Warning SwitchoverRefused")).collect();
+    assert_eq!(refusals.len(), 2, "{events:#?}");
+    assert!(refusals.iter().any(|e| e.contains("bytes behind the primary")), "{refusals:#?}");
+    assert_eq!(current_primary(&get_cr(&api, "pg").await.expect("CR")), to, "nothing moved");
+    wait_replicated(&env, "pg", 3, Duration::from_secs(120)).await;
+    drop(op);
+}
+
+/// Must show 2, synchronous: with `postgresql.synchronous` ANY 1 the primary waits for one
+/// standby's flush before it acknowledges a commit (`synchronous_standby_names` set by the
+/// plugin, both standbys `quorum` in `pg_stat_replication`), so the failover under the writer
+/// loses no acknowledged write; the new primary gets the same setting.
+#[tokio::test]
+async fn synchronous_failover_under_write_load_loses_no_acknowledged_write() {
+    let started = Instant::now();
+    let Some((env, op)) = enter_with_operator(
+        "pg_ha::synchronous_failover_under_write_load_loses_no_acknowledged_write",
+        "rp-pgsync",
+        "realpods-pgsync",
+    )
+    .await
+    else {
+        return;
+    };
+    let sync = json!({ "postgresql": { "synchronous": { "method": "any", "number": 1 } } });
+    let (old, _, _) = make_cluster(&env, "pg", 3, sync).await;
+    let want = r#"ANY 1 ("pg-0", "pg-1", "pg-2")"#;
+    let on = |pod: String| {
+        let env = &env;
+        move || {
+            let names = psql_in(env, &pod, "show synchronous_standby_names");
+            let states = psql_in(
+                env,
+                &pod,
+                "select coalesce(string_agg(sync_state, ',' order by application_name), '') from pg_stat_replication",
+            );
+            async move {
+                if names == want && states == "quorum,quorum" {
+                    Ok(())
+                } else {
+                    Err(format!("{names:?} {states:?}"))
+                }
+            }
+        }
+    };
+    wait_for("synchronous replication on the primary", Duration::from_secs(60), on(old.clone())).await;
+    let Failover { new, lost, .. } =
+        fail_over_under_writes(&env, &old, "synchronous replication, ANY 1").await;
+    assert!(lost.is_empty(), "acknowledged writes lost with synchronous replication: {lost:?}");
+    // The new primary: the same setting, both standbys confirming once the old one rejoined.
+    wait_for("synchronous replication on the new primary", Duration::from_secs(120), on(new.clone())).await;
+    eprintln!(
+        "realpods-pg: synchronous (ANY 1) failover {old} -> {new}: 0 acknowledged writes lost; test took {:.1?}",
+        started.elapsed()
+    );
+    drop(op);
+}

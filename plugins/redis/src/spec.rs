@@ -1,0 +1,266 @@
+//! The Redis-specific part of the spec: `mode`, `sentinel` and `persistence` (their defaults,
+//! schema and checks).
+//!
+//! `mode` defaults to `replication` when `spec.replicas` is above 1 and to `standalone`
+//! otherwise, so a spec written before the field existed keeps its meaning. Replication needs
+//! three pods at least: every pod runs a Sentinel beside its server (see [`crate::sentinel`]),
+//! and once the master's pod is gone its Sentinel is gone too, while electing the Sentinel that
+//! performs the failover takes a majority of all of them.
+
+use serde_json::{json, Map, Value};
+use stateward_sdk::FieldError;
+
+/// One server, no replica, no Sentinel.
+pub const STANDALONE: &str = "standalone";
+/// One master, replicas of it, and a Sentinel in every pod.
+pub const REPLICATION: &str = "replication";
+/// Redis Cluster: known, not supported yet.
+pub const CLUSTER: &str = "cluster";
+
+/// Fewest pods for replication mode (see the module's comment).
+pub const MIN_REPLICATION_PODS: i64 = 3;
+
+/// Milliseconds a master may not answer before a Sentinel thinks it down (5 s: a failover
+/// within the 20 s a client should tolerate, and not on one slow answer).
+pub const DEFAULT_DOWN_AFTER_MS: u64 = 5_000;
+pub const MIN_DOWN_AFTER_MS: u64 = 1_000;
+pub const MAX_DOWN_AFTER_MS: u64 = 600_000;
+/// Sentinel's failover timeout: how long before a failover that stalled is tried again.
+pub const DEFAULT_FAILOVER_TIMEOUT_MS: u64 = 60_000;
+
+/// `appendfsync` values (`off`: no append-only file).
+pub const AOF_MODES: &[&str] = &["everysec", "always", "no", "off"];
+
+/// The mode the spec asks for, defaults filled in.
+pub fn mode(spec: &Value, replicas: i64) -> &str {
+    match spec.get("mode").and_then(Value::as_str) {
+        Some(m) => m,
+        None if replicas > 1 => REPLICATION,
+        None => STANDALONE,
+    }
+}
+
+/// What the Sentinels are told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sentinel {
+    /// Sentinels that must agree the master is down before a failover starts.
+    pub quorum: i64,
+    pub down_after_ms: u64,
+    pub failover_timeout_ms: u64,
+}
+
+/// A majority of `sentinels`.
+pub fn majority(sentinels: i64) -> i64 {
+    sentinels / 2 + 1
+}
+
+/// `spec.sentinel`, defaults filled in (the quorum: a majority of the pods).
+pub fn sentinel(spec: &Value, replicas: i64) -> Sentinel {
+    let field = |f: &str| spec.pointer(&format!("/sentinel/{f}")).and_then(Value::as_u64);
+    Sentinel {
+        quorum: field("quorum").map_or_else(|| majority(replicas), |q| q as i64),
+        down_after_ms: field("downAfterMilliseconds")
+            .unwrap_or(DEFAULT_DOWN_AFTER_MS)
+            .clamp(MIN_DOWN_AFTER_MS, MAX_DOWN_AFTER_MS),
+        failover_timeout_ms: DEFAULT_FAILOVER_TIMEOUT_MS,
+    }
+}
+
+/// How the data reaches the volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Persistence {
+    /// `appendfsync`, or None: no append-only file.
+    pub aof: Option<String>,
+    /// RDB `save` points (`<seconds> <changes>` pairs), or None: no snapshots.
+    pub rdb: Option<String>,
+}
+
+/// `spec.persistence`, defaults filled in: an append-only file synced every second, no RDB.
+pub fn persistence(spec: &Value) -> Persistence {
+    let aof = spec.pointer("/persistence/aof").and_then(Value::as_str).unwrap_or("everysec");
+    let rdb = spec.pointer("/persistence/rdb").and_then(Value::as_str).map(str::trim).unwrap_or("");
+    Persistence {
+        aof: (aof != "off").then(|| aof.to_string()),
+        rdb: (!rdb.is_empty()).then(|| rdb.split_whitespace().collect::<Vec<_>>().join(" ")),
+    }
+}
+
+/// Why `save` is not a list of `<seconds> <changes>` pairs, if it is not.
+fn save_problem(save: &str) -> Option<String> {
+    let words: Vec<&str> = save.split_whitespace().collect();
+    let numbers =
+        words.iter().all(|w| w.len() <= 9 && !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()));
+    if words.is_empty() || !words.len().is_multiple_of(2) || words.len() > 16 || !numbers {
+        return Some(format!(
+            "{save:?} is not 1 to 8 pairs of whole numbers \"<seconds> <changes>\" (e.g. \"3600 1 300 100\")"
+        ));
+    }
+    None
+}
+
+/// The spec fields above.
+pub fn schema() -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert(
+        "mode".into(),
+        json!({
+            "type": "string",
+            "description": "standalone: one server. replication: one master, replicas of it, and a Sentinel \
+                in every pod that fails over to a replica when the master is lost (at least 3 pods). \
+                cluster: not supported yet. Default: replication when replicas > 1, else standalone. \
+                Fixed at creation.",
+        }),
+    );
+    m.insert(
+        "sentinel".into(),
+        json!({
+            "type": "object",
+            "description": "The Sentinels of replication mode (one per pod).",
+            "properties": {
+                "quorum": {
+                    "type": "integer",
+                    "description": "Sentinels that must agree the master is down before a failover starts \
+                        (the failover itself is always authorized by a majority). From 1 to spec.replicas; \
+                        default a majority of spec.replicas.",
+                },
+                "downAfterMilliseconds": {
+                    "type": "integer",
+                    "description": format!(
+                        "How long the master may not answer before a Sentinel thinks it down. From \
+                         {MIN_DOWN_AFTER_MS} to {MAX_DOWN_AFTER_MS}; default {DEFAULT_DOWN_AFTER_MS}."
+                    ),
+                },
+            },
+        }),
+    );
+    m.insert(
+        "persistence".into(),
+        json!({
+            "type": "object",
+            "description": "How the data reaches the volume.",
+            "properties": {
+                "aof": {
+                    "type": "string",
+                    "description": "The append-only file and how often it is synced: everysec (default: \
+                        a restart loses at most one second of writes), always, no (the kernel decides), \
+                        or off (no append-only file).",
+                },
+                "rdb": {
+                    "type": "string",
+                    "description": "RDB snapshot points as \"<seconds> <changes>\" pairs (e.g. \"3600 1 300 100\"); \
+                        empty or absent: no snapshots.",
+                },
+            },
+        }),
+    );
+    m
+}
+
+/// Checks of the fields above; `replicas` is `spec.replicas`.
+pub fn validate(spec: &Value, replicas: i64) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let mode = match spec.get("mode") {
+        None | Some(Value::Null) => mode(spec, replicas).to_string(),
+        Some(Value::String(m)) => m.clone(),
+        Some(other) => {
+            errs.push(FieldError::new("spec.mode", format!("{other} is not a string")));
+            return errs;
+        }
+    };
+    match mode.as_str() {
+        STANDALONE if replicas > 1 => errs.push(FieldError::new(
+            "spec.mode",
+            format!("standalone is one server: spec.replicas is {replicas}; use replication for replicas"),
+        )),
+        STANDALONE => {}
+        REPLICATION if replicas < MIN_REPLICATION_PODS => errs.push(FieldError::new(
+            "spec.mode",
+            format!(
+                "replication needs spec.replicas of at least {MIN_REPLICATION_PODS} (it is {replicas}): each pod \
+                 runs a Sentinel, and when the master's pod is lost with its Sentinel a majority of all \
+                 Sentinels must remain to authorize the failover"
+            ),
+        )),
+        REPLICATION => {}
+        CLUSTER => errs.push(FieldError::new("spec.mode", "cluster mode is not supported yet")),
+        other => errs.push(FieldError::new(
+            "spec.mode",
+            format!("{other:?} is not one of standalone, replication (cluster: not supported yet)"),
+        )),
+    }
+    if let Some(s) = spec.get("sentinel").filter(|v| !v.is_null()) {
+        if mode != REPLICATION {
+            errs.push(FieldError::new(
+                "spec.sentinel",
+                format!("Sentinels run in replication mode only, not {mode}"),
+            ));
+        }
+        match s.get("quorum") {
+            None | Some(Value::Null) => {}
+            Some(q) => match q.as_i64() {
+                Some(q) if q >= 1 && q <= replicas => {}
+                _ => errs.push(FieldError::new(
+                    "spec.sentinel.quorum",
+                    format!(
+                        "{q} is impossible with {replicas} Sentinels (one per pod): it must be from 1 to {replicas}"
+                    ),
+                )),
+            },
+        }
+        match s.get("downAfterMilliseconds") {
+            None | Some(Value::Null) => {}
+            Some(v) => match v.as_u64() {
+                Some(ms) if (MIN_DOWN_AFTER_MS..=MAX_DOWN_AFTER_MS).contains(&ms) => {}
+                _ => errs.push(FieldError::new(
+                    "spec.sentinel.downAfterMilliseconds",
+                    format!("{v} is not a whole number from {MIN_DOWN_AFTER_MS} to {MAX_DOWN_AFTER_MS}"),
+                )),
+            },
+        }
+        if let Some(o) = s.as_object() {
+            for key in o.keys().filter(|k| *k != "quorum" && *k != "downAfterMilliseconds") {
+                errs.push(FieldError::new(
+                    format!("spec.sentinel.{key}"),
+                    "is a Sentinel setting the operator owns (only quorum and downAfterMilliseconds may be set)",
+                ));
+            }
+        }
+    }
+    match spec.pointer("/persistence/aof") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(a)) if AOF_MODES.contains(&a.as_str()) => {}
+        Some(other) => errs.push(FieldError::new(
+            "spec.persistence.aof",
+            format!("{other} is not one of {}", AOF_MODES.join(", ")),
+        )),
+    }
+    match spec.pointer("/persistence/rdb") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.trim().is_empty() => {}
+        Some(Value::String(s)) => {
+            if let Some(p) = save_problem(s) {
+                errs.push(FieldError::new("spec.persistence.rdb", p));
+            }
+        }
+        Some(other) => errs.push(FieldError::new("spec.persistence.rdb", format!("{other} is not a string"))),
+    }
+    errs
+}
+
+/// A running server's mode is fixed: moving data between a lone server, a replicated set and a
+/// Redis Cluster is a migration, not a change of field.
+pub fn validate_update(
+    new_spec: &Value,
+    new_replicas: i64,
+    old_spec: &Value,
+    old_replicas: i64,
+) -> Vec<FieldError> {
+    let (n, o) = (mode(new_spec, new_replicas), mode(old_spec, old_replicas));
+    if n != o {
+        return vec![FieldError::new(
+            "spec.mode",
+            format!("is fixed at creation ({o}); it cannot become {n} (migrate to a new resource)"),
+        )];
+    }
+    Vec::new()
+}

@@ -1,0 +1,382 @@
+//! The running service, seen through requests (WIT 0.2): which pods can be asked, polls to
+//! ask them, and thresholds that turn the answers into conditions and Warning events — the
+//! health checks no probe sees (connections in use, memory against its limit, cluster health).
+//!
+//! A threshold must be crossed on several answers in a row before it fires, so one spike does
+//! not flap the condition; the count is carried from one reconcile to the next in the status
+//! the plugin itself wrote.
+
+use serde_json::{json, Map, Value};
+
+use crate::json::str_at;
+use crate::types::*;
+
+/// A Pod of the instance as the host observed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    pub name: String,
+    /// `metadata.uid`: a Pod deleted and made again under the same name has another.
+    pub uid: String,
+    /// The Ready condition is True.
+    pub ready: bool,
+    /// Names of the containers that are running.
+    pub running: Vec<String>,
+    /// Restarts of all its containers together: a container that exited and was started
+    /// again is a new process in the same Pod.
+    pub restarts: i64,
+    /// The Pod has a deletionTimestamp: it is going away.
+    pub deleting: bool,
+    /// The StatefulSet revision the Pod was made from (`controller-revision-hash`).
+    pub revision: String,
+}
+
+impl PodView {
+    /// Whether `container` can be asked something now.
+    pub fn can_exec(&self, container: &str) -> bool {
+        self.running.iter().any(|c| c == container)
+    }
+}
+
+/// The pods among the observed children, by name.
+pub fn pods(children: &[Value]) -> Vec<PodView> {
+    let mut pods: Vec<PodView> = children
+        .iter()
+        .filter(|c| str_at(c, &["kind"]) == Some("Pod"))
+        .filter_map(|p| {
+            let name = str_at(p, &["metadata", "name"])?.to_string();
+            let ready = p
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            let running = p
+                .pointer("/status/containerStatuses")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|c| c.pointer("/state/running").is_some())
+                .filter_map(|c| c["name"].as_str().map(str::to_string))
+                .collect();
+            let uid = str_at(p, &["metadata", "uid"]).unwrap_or_default().to_string();
+            let restarts = p
+                .pointer("/status/containerStatuses")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["restartCount"].as_i64())
+                .sum();
+            let deleting = p.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null());
+            let revision = str_at(p, &["metadata", "labels", "controller-revision-hash"])
+                .unwrap_or_default()
+                .to_string();
+            Some(PodView { name, uid, ready, running, restarts, deleting, revision })
+        })
+        .collect();
+    pods.sort_by(|a, b| a.name.cmp(&b.name));
+    pods
+}
+
+/// The revision the StatefulSet `name` among `children` makes new pods from, once its
+/// controller has seen its latest spec (None before: which pods are outdated is not known yet).
+pub fn update_revision(children: &[Value], name: &str) -> Option<String> {
+    let sts = children.iter().find(|c| {
+        str_at(c, &["kind"]) == Some("StatefulSet") && str_at(c, &["metadata", "name"]) == Some(name)
+    })?;
+    let generation = sts.pointer("/metadata/generation").and_then(Value::as_i64)?;
+    let observed = sts.pointer("/status/observedGeneration").and_then(Value::as_i64)?;
+    let revision = str_at(sts, &["status", "updateRevision"]).filter(|r| !r.is_empty())?;
+    (observed >= generation).then(|| revision.to_string())
+}
+
+/// The names of the Services among `children`.
+pub fn services(children: &[Value]) -> Vec<String> {
+    children
+        .iter()
+        .filter(|c| str_at(c, &["apiVersion"]) == Some("v1") && str_at(c, &["kind"]) == Some("Service"))
+        .filter_map(|c| str_at(c, &["metadata", "name"]).map(str::to_string))
+        .collect()
+}
+
+/// A poll: `command` in `container` of `pod`, at most every `every_ms`, answered within
+/// `timeout_ms` (or with an error saying it was not).
+pub fn poll_exec(
+    id: &str,
+    pod: &str,
+    container: &str,
+    command: &[&str],
+    every_ms: u64,
+    timeout_ms: u32,
+) -> Action {
+    Action::Exec(ExecRequest {
+        id: id.to_string(),
+        mode: RequestMode::EveryMs(every_ms),
+        pod: pod.to_string(),
+        container: container.to_string(),
+        command: command.iter().map(|s| (*s).to_string()).collect(),
+        stdin: None,
+        timeout_ms,
+    })
+}
+
+/// The answer to request `id`, if there is one.
+pub fn response<'a>(responses: &'a [Response], id: &str) -> Option<&'a Response> {
+    responses.iter().find(|r| r.id == id)
+}
+
+/// One check of a threshold: whether `value` is past `limit` this time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    /// What was measured, e.g. the pod name.
+    pub subject: String,
+    /// When the answer it was read from was asked (its `started-at-ms`): the same answer is
+    /// handed to every reconcile until the next poll, and counts once.
+    pub answered_at_ms: u64,
+    pub value: f64,
+    pub limit: f64,
+    /// How the reading reads in a message, e.g. "97 of 100 connections in use".
+    pub describe: String,
+}
+
+impl Reading {
+    pub fn over(&self) -> bool {
+        self.value > self.limit
+    }
+}
+
+/// A health check over readings: the condition it drives and how many readings in a row
+/// must be over before it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Threshold {
+    /// Key under `status.health` where the streaks are kept, e.g. "connections".
+    pub key: &'static str,
+    /// Condition reason while it fires, e.g. "ConnectionsNearLimit".
+    pub reason: &'static str,
+    pub times: u32,
+}
+
+/// What the checks of one reconcile found.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Health {
+    /// Merged into `status.health`: the streak of each check per subject.
+    pub streaks: Map<String, Value>,
+    /// Messages of the checks that fire, each with its reason.
+    pub firing: Vec<(&'static str, String)>,
+}
+
+impl Health {
+    /// Applies `readings` of `threshold` against the streaks in `previous` (the resource's
+    /// `status.health`, as this plugin last wrote it). A subject without a reading this time
+    /// keeps its streak, and so does one whose reading comes from the answer already counted
+    /// (kept under `<key>AnsweredAtMs`): a streak counts answers, not reconciles.
+    pub fn check(&mut self, previous: Option<&Value>, threshold: Threshold, readings: &[Reading]) {
+        let seen_key = format!("{}AnsweredAtMs", threshold.key);
+        let object = |key: &str| {
+            previous.and_then(|h| h.get(key)).and_then(Value::as_object).cloned().unwrap_or_default()
+        };
+        let (mut streaks, mut seen) = (object(threshold.key), object(&seen_key));
+        for r in readings {
+            let last = streaks.get(&r.subject).and_then(Value::as_u64).unwrap_or(0);
+            let counted = r.answered_at_ms != 0 && seen.get(&r.subject) == Some(&json!(r.answered_at_ms));
+            let streak = match (counted, r.over()) {
+                (true, _) => last,
+                (false, true) => last + 1,
+                (false, false) => 0,
+            };
+            streaks.insert(r.subject.clone(), json!(streak));
+            seen.insert(r.subject.clone(), json!(r.answered_at_ms));
+            if streak >= u64::from(threshold.times) {
+                self.firing.push((
+                    threshold.reason,
+                    format!("{}: {} ({} checks in a row)", r.subject, r.describe, streak),
+                ));
+            }
+        }
+        self.streaks.insert(threshold.key.to_string(), Value::Object(streaks));
+        self.streaks.insert(seen_key, Value::Object(seen));
+    }
+
+    /// The `ServiceHealthy` condition: False with the first firing check's reason, else True.
+    pub fn condition(&self) -> Condition {
+        match self.firing.first() {
+            Some((reason, _)) => Condition {
+                type_: "ServiceHealthy".into(),
+                status: ConditionStatus::False,
+                reason: (*reason).into(),
+                message: self.firing.iter().map(|(_, m)| m.as_str()).collect::<Vec<_>>().join("; "),
+            },
+            None => Condition {
+                type_: "ServiceHealthy".into(),
+                status: ConditionStatus::True,
+                reason: "ChecksPassing".into(),
+                message: "every health check of the running service passes".into(),
+            },
+        }
+    }
+
+    /// A Warning event per firing check when the condition was not already False for it.
+    pub fn events(&self, previous_reason: Option<&str>) -> Vec<Event> {
+        self.firing
+            .iter()
+            .filter(|(reason, _)| previous_reason != Some(*reason))
+            .map(|(reason, message)| Event {
+                type_: EventType::Warning,
+                reason: (*reason).into(),
+                message: message.clone(),
+            })
+            .collect()
+    }
+}
+
+/// What a plugin's look at its running service adds to the plan.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Live {
+    /// Applied before the StatefulSet, so pods it starts see them (e.g. a ConfigMap their
+    /// environment reads the current topology from).
+    pub before_pods: Vec<Action>,
+    pub actions: Vec<Action>,
+    /// Merged into `.status`.
+    pub status: Map<String, Value>,
+    pub conditions: Vec<Condition>,
+    pub events: Vec<Event>,
+    /// When to look again (the next poll is due); the sooner of this and the plan's own wins.
+    pub requeue_after_ms: Option<u64>,
+    /// Keep the StatefulSet at this many replicas for now when `spec.replicas` is fewer: a
+    /// member that must not go yet (a primary holding a high ordinal) is moved off first.
+    pub hold_replicas: Option<i64>,
+}
+
+impl Live {
+    /// Ends a plugin's look at its instances: `instances` and the streaks of `threshold` over
+    /// `readings` go to status, the check's condition and the Warning it starts to the plan,
+    /// and the next poll is due in `poll_ms`.
+    pub fn checked(
+        mut self,
+        input: &LiveInput,
+        threshold: Threshold,
+        readings: &[Reading],
+        instances: Vec<Value>,
+        poll_ms: u64,
+    ) -> Live {
+        let mut health = Health::default();
+        health.check(input.status.and_then(|s| s.get("health")), threshold, readings);
+        self.events.extend(health.events(input.health_reason()));
+        self.conditions.push(health.condition());
+        self.status.insert("instances".into(), Value::Array(instances));
+        self.status.insert("health".into(), Value::Object(health.streaks));
+        self.requeue_after_ms = Some(poll_ms);
+        self
+    }
+}
+
+/// Why an exec answer says nothing: its error, or the tool's exit code and stderr.
+pub fn failure(answer: &Response, tool: &str) -> String {
+    answer
+        .error
+        .clone()
+        .unwrap_or_else(|| format!("{tool} exited {:?}: {}", answer.code, answer.stderr.trim()))
+}
+
+/// What a plugin reads its running service from.
+pub struct LiveInput<'a> {
+    pub pods: Vec<PodView>,
+    /// The names of the instance's Services the host observed. A request goes only to a target
+    /// the host observes (the guardrails refuse the whole plan otherwise): a Service the same
+    /// plan creates is asked once it is seen.
+    pub services: Vec<String>,
+    /// The StatefulSet's update revision (see [`update_revision`]): pods of another revision
+    /// are outdated.
+    pub update_revision: Option<String>,
+    pub responses: &'a [Response],
+    /// The resource's current `.status` (what this plugin wrote last).
+    pub status: Option<&'a Value>,
+    /// The whole resource as observed (annotations, service-specific spec fields).
+    pub resource: &'a Value,
+    /// The host's clock for this reconcile (`observed.now-ms`).
+    pub now_ms: u64,
+}
+
+impl LiveInput<'_> {
+    /// An annotation of the resource.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.resource.pointer("/metadata/annotations").and_then(|a| a.get(key)).and_then(Value::as_str)
+    }
+}
+
+impl LiveInput<'_> {
+    /// The reason of the `ServiceHealthy` condition the status holds now.
+    pub fn health_reason(&self) -> Option<&str> {
+        self.status
+            .and_then(|s| s.get("conditions"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "ServiceHealthy" && c["status"] == "False")
+            .and_then(|c| c["reason"].as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Threshold = Threshold { key: "connections", reason: "ConnectionsNearLimit", times: 3 };
+
+    fn reading(value: f64) -> Reading {
+        answer(value, 0)
+    }
+
+    fn answer(value: f64, answered_at_ms: u64) -> Reading {
+        Reading { subject: "db-0".into(), answered_at_ms, value, limit: 95.0, describe: format!("{value}%") }
+    }
+
+    #[test]
+    fn a_threshold_fires_after_n_readings_in_a_row_and_clears_at_once() {
+        let mut status = json!({});
+        let mut fired = Vec::new();
+        for (at, value) in [97.0, 98.0, 99.0, 99.0, 50.0].into_iter().enumerate() {
+            let mut h = Health::default();
+            h.check(status.get("health"), T, &[answer(value, at as u64 + 1)]);
+            fired.push(h.condition().status == ConditionStatus::False);
+            status = json!({ "health": Value::Object(h.streaks) });
+        }
+        assert_eq!(fired, [false, false, true, true, false]);
+    }
+
+    /// The answer of a poll is handed to every reconcile until the next one comes (a status
+    /// write alone brings a reconcile): it counts once, so "three in a row" means three answers.
+    /// Before, one answer over the limit fired the check within the reconciles its own status
+    /// writes caused.
+    #[test]
+    fn one_answer_seen_by_many_reconciles_counts_once() {
+        let mut status = json!({});
+        let mut streaks = Vec::new();
+        for at in [1, 1, 1, 1, 2, 2, 3] {
+            let mut h = Health::default();
+            h.check(status.get("health"), T, &[answer(99.0, at)]);
+            streaks.push((h.streaks["connections"]["db-0"].as_u64(), h.condition().status));
+            status = json!({ "health": Value::Object(h.streaks) });
+        }
+        let (f, t) = (ConditionStatus::False, ConditionStatus::True);
+        assert_eq!(
+            streaks,
+            [
+                (Some(1), t),
+                (Some(1), t),
+                (Some(1), t),
+                (Some(1), t),
+                (Some(2), t),
+                (Some(2), t),
+                (Some(3), f)
+            ]
+        );
+    }
+
+    #[test]
+    fn an_event_is_emitted_when_a_check_starts_firing_not_on_every_reconcile() {
+        let mut h = Health::default();
+        h.check(Some(&json!({"connections": {"db-0": 2}})), T, &[reading(99.0)]);
+        assert_eq!(h.events(None).len(), 1);
+        assert!(h.events(Some("ConnectionsNearLimit")).is_empty());
+    }
+}
