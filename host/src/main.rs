@@ -524,13 +524,10 @@ fn policy_gate(
     audit: &stateward::policy::AuditSink,
     mut settings: stateward::policy::AuditSettings,
 ) -> anyhow::Result<(stateward::policy::Gate, Arc<stateward::policy::AuditLog>)> {
-    use stateward::policy::{AuditLog, Bundle, FsyncPolicy, Gate, PolicyEngine};
-    let mut bundle =
-        Bundle::from_dir(dir).with_context(|| format!("reading policies from {}", dir.display()))?;
-    if let Some(file) = profile {
-        bundle = Bundle::from_files(bundle.files().iter().cloned().chain([file]))?;
-    }
-    let engine = PolicyEngine::compile_tested(&bundle).context("compiling the policy bundle")?;
+    use stateward::policy::{AuditLog, Bundle, FsyncPolicy, Gate};
+    let bundle = Bundle::from_dir(dir).with_context(|| format!("reading policies from {}", dir.display()))?;
+    let engine =
+        stateward::policy::floor::compile(&bundle, profile).context("compiling the policy bundle")?;
     match audit {
         stateward::policy::AuditSink::File(path) if path != std::path::Path::new("/dev/null") => {}
         _ => {

@@ -8,8 +8,25 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-use super::bundle::BundleFile;
+use super::bundle::{Bundle, BundleFile};
 use super::engine::{rule_id, DecisionPoint, Evaluation, Mode, PolicyEngine};
+use super::error::PolicyError;
+
+/// Compiles the floor: `bundle` (the policy directory) with the `stateward run` flags'
+/// document ([`profile`]), if any.
+///
+/// The bundle's own `test_*` rules run on the bundle as given: they are written against its
+/// own data, and the flags' document changes that data (with pins required, the plugins
+/// tests' unpinned builds are refused). So the document is added after the tests pass.
+pub fn compile(bundle: &Bundle, profile: Option<BundleFile>) -> Result<PolicyEngine, PolicyError> {
+    let tested = PolicyEngine::compile_tested(bundle)?;
+    match profile {
+        None => Ok(tested),
+        Some(file) => {
+            PolicyEngine::compile(&Bundle::from_files(bundle.files().iter().cloned().chain([file]))?)
+        }
+    }
+}
 
 /// Both layers' raw results merged, with the mode each deny message is enforced in.
 #[derive(Debug, Clone, Default)]
@@ -167,6 +184,22 @@ mod tests {
         let failing = engine("package stateward.guardrails\n\ndeny := 1\n", "{}");
         let out = evaluate(&floor, Some(&failing), DecisionPoint::Guardrails, &input);
         assert!(out.evaluation.error.unwrap().starts_with("hot-loaded bundle: "));
+    }
+
+    /// The shipped bundle, whose plugins tests load unpinned builds, is a floor with pins
+    /// required (the in-cluster operator crash-looped on `--require-plugin-pins` when the
+    /// flags' document was compiled in before the tests ran).
+    #[test]
+    fn the_shipped_bundle_with_pins_required_compiles_as_the_floor() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+        let shipped = Bundle::from_dir(&dir).unwrap();
+        let pinned = format!("redis=sha256:{}", "a".repeat(64));
+        let floor = compile(&shipped, profile(true, &[pinned]).unwrap()).unwrap();
+        let input = serde_json::json!({"name": "redis", "digest": format!("sha256:{}", "b".repeat(64)),
+            "source": "configmap", "size": 1, "stage": "before-compile"});
+        let refused = floor.evaluate(DecisionPoint::Plugins, &input);
+        assert!(refused.deny.iter().any(|m| m.starts_with("digest-pin:")), "{refused:?}");
+        assert_ne!(floor.digest(), compile(&shipped, None).unwrap().digest());
     }
 
     #[test]

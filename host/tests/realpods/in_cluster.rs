@@ -3,7 +3,10 @@
 //! (`tests/cluster/operator-image`), `kubectl apply --server-side -k` of deploy/ through the
 //! local overlay (`tests/cluster/operator-overlay`), two replicas and one leader, the
 //! PostgreSQL sample reaching Available on real servers, admission refusing `alice` and a
-//! v1alpha1 read converted, both through the in-cluster webhook Service.
+//! v1alpha1 read converted, both through the in-cluster webhook Service; the operator's pods
+//! killed during a scale (must-show 5), its PodDisruptionBudget met through the Eviction API,
+//! a policy layer and a pinned plugin build hot-loaded from ConfigMaps (must-show 3), and an
+//! uninstall that keeps the data.
 //!
 //! The install is cluster-wide (webhook configurations, ClusterRoles, a controller for every
 //! namespace), so the test runs alone among the real-pods tests
@@ -291,6 +294,323 @@ fn assert_service_client_config(what: &str, cc: &Value) {
     assert!(cc["caBundle"].as_str().is_some_and(|b| !b.is_empty()), "{what} has no caBundle: {cc}");
 }
 
+/// Waits until the operator Deployment has its two replicas updated and Ready.
+async fn operator_ready(env: &TestEnv, what: &str, timeout: Duration) -> Duration {
+    let (_, took) = wait_for(&format!("operator Deployment 2/2 Ready {what}"), timeout, || async {
+        let st = kubectl_json(env, &["-n", NS, "get", "deployment", "stateward"])["status"].clone();
+        if st["readyReplicas"] == 2 && st["updatedReplicas"] == 2 && st["replicas"] == 2 {
+            Ok(())
+        } else {
+            Err(format!("status {st}"))
+        }
+    })
+    .await;
+    took
+}
+
+/// The sample's children (kind, name, uid), pods and claims aside: what a second controller,
+/// or one that lost track of them, would make twice or make again.
+fn children_of(env: &TestEnv, instance: &str) -> BTreeSet<String> {
+    let kinds = "statefulsets,services,configmaps,secrets,poddisruptionbudgets";
+    let list = kubectl_json(env, &["-n", &env.namespace, "get", kinds, "-l", instance]);
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| format!("{}/{} {}", o["kind"], o["metadata"]["name"], o["metadata"]["uid"]))
+        .collect()
+}
+
+/// Both operator pods deleted while the sample grows by one member: the Deployment's new pods
+/// elect a leader, it finishes the scale, and every child the sample had is still the same
+/// object (none made twice, none made again). Returns the new member count.
+async fn killed_during_a_scale(env: &TestEnv, sample: &str, instance: &str, replicas: u64) -> u64 {
+    let children = children_of(env, instance);
+    let old_pods = operator_pods(env);
+    let scaled = replicas + 1;
+    let pgc = format!("postgresclusters.stateward.dev/{sample}");
+    let patch = format!(r#"{{"spec":{{"replicas":{scaled}}}}}"#);
+    kubectl(env, &["-n", &env.namespace, "patch", &pgc, "--type=merge", "-p", &patch]);
+    // The scale begun: the StatefulSet asks for the new member.
+    let (_, begun) = wait_for("the StatefulSet scaled by the operator", Duration::from_secs(60), || async {
+        let sts = kubectl_json(env, &["-n", &env.namespace, "get", "statefulset", sample]);
+        if sts["spec"]["replicas"].as_u64() == Some(scaled) {
+            Ok(())
+        } else {
+            Err(format!("spec.replicas {}", sts["spec"]["replicas"]))
+        }
+    })
+    .await;
+    let selector = "app.kubernetes.io/name=stateward,app.kubernetes.io/component=operator";
+    kubectl(
+        env,
+        &["-n", NS, "delete", "pods", "-l", selector, "--grace-period=0", "--force", "--wait=false"],
+    );
+    let killed = Instant::now();
+    let (leader, _) = wait_for("a leader among the new operator pods", Duration::from_secs(180), || async {
+        let pods = operator_pods(env);
+        let lease = kubectl_json(env, &["-n", NS, "get", "lease", "stateward-leader"]);
+        let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or_default().to_owned();
+        if pods.len() == 2 && pods.iter().all(|p| !old_pods.contains(p)) && pods.contains(&holder) {
+            Ok(holder)
+        } else {
+            Err(format!("pods {pods:?}, Lease holder {holder:?}"))
+        }
+    })
+    .await;
+    let took = killed.elapsed();
+    let converged = e2e::wait_running(env, POSTGRES, sample, scaled as i64, Duration::from_secs(420)).await;
+    let after = children_of(env, instance);
+    let replaced: Vec<&String> = children.difference(&after).collect();
+    assert!(
+        replaced.is_empty(),
+        "children deleted or made again after the operator was killed: {replaced:?}"
+    );
+    let statefulsets = after.iter().filter(|c| c.starts_with("\"StatefulSet\"")).count();
+    assert_eq!(statefulsets, 1, "the sample's StatefulSets: {after:?}");
+    let pods = kubectl_json(env, &["-n", &env.namespace, "get", "pods", "-l", instance]);
+    let mut names: Vec<String> = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    let expected: Vec<String> = (0..scaled).map(|i| format!("{sample}-{i}")).collect();
+    assert_eq!(names, expected, "the sample's pods after the scale");
+    eprintln!(
+        "in_cluster: scale {replicas} -> {scaled} begun after {begun:.1?}; both operator pods deleted; \
+         new leader {leader} after {took:.1?}; {sample} Running with {scaled} ready {converged:.1?} later; \
+         {} children, none replaced, {} new",
+        after.len(),
+        after.len() - children.len()
+    );
+    scaled
+}
+
+/// The operator's PodDisruptionBudget: of its two pods one may be evicted, the other not
+/// until the first is back (what `kubectl drain` meets, through the same Eviction API).
+async fn the_budget_keeps_one_operator_pod(env: &TestEnv) {
+    let (pods, _) = wait_for("the budget allowing one disruption", Duration::from_secs(120), || async {
+        let pdb = kubectl_json(env, &["-n", NS, "get", "poddisruptionbudget", "stateward"]);
+        let pods = operator_pods(env);
+        if pdb["status"]["disruptionsAllowed"] == 1 && pdb["status"]["currentHealthy"] == 2 && pods.len() == 2
+        {
+            Ok(pods)
+        } else {
+            Err(format!("budget status {}, pods {pods:?}", pdb["status"]))
+        }
+    })
+    .await;
+    let evict = |pod: &str| {
+        let body = json!({"apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": NS}})
+        .to_string();
+        let path = format!("/api/v1/namespaces/{NS}/pods/{pod}/eviction");
+        e2e::kubectl_stdin(env, &["create", "--raw", &path, "-f", "-"], &body)
+    };
+    let first = evict(&pods[0]);
+    assert!(first.status.success(), "evicting {}: {}", pods[0], out_text(&first));
+    let second = evict(&pods[1]);
+    let refused = out_text(&second);
+    assert!(
+        !second.status.success() && refused.contains("disruption budget"),
+        "a second operator pod was evicted while the first was away: {refused}"
+    );
+    let back = operator_ready(env, "again", Duration::from_secs(180)).await;
+    eprintln!(
+        "in_cluster: evicted {}; evicting {} too refused ({}); 2/2 Ready again {back:.1?} later",
+        pods[0],
+        pods[1],
+        refused.lines().last().unwrap_or_default().trim()
+    );
+}
+
+/// `/debug/healthz` of each operator pod, parsed.
+fn healthz_of_pods(env: &TestEnv) -> Vec<Value> {
+    operator_pods(env)
+        .iter()
+        .map(|p| serde_json::from_str(&pod_http(env, p, "/debug/healthz")).unwrap_or(Value::Null))
+        .collect()
+}
+
+/// A layer the administrator's policy ConfigMap adds: one rule of its own, and data that tries
+/// to loosen the floor (alice's group bound to admin, `retention-delete` set to dryrun).
+const LAYER_REGO: &str = r#"package stateward.admission
+
+deny contains msg if {
+	input.operation == "CREATE"
+	startswith(object.get(input, ["object", "metadata", "name"], ""), "layer-")
+	msg := "layer-names: names starting with layer- are kept for this cluster's administrators"
+}
+"#;
+const LAYER_DATA: &str = r#"{"stateward": {"config": {
+  "admission": {"roles": {"admin": ["set-retention-delete"]}, "role_bindings": [{"group": "dev", "role": "admin"}]},
+  "enforcement": {"admission": {"retention-delete": "dryrun"}}}}}"#;
+
+/// A server-side dry run of `object` as `as_user` (None: the test's admin), through admission.
+fn dry_run(env: &TestEnv, object: &Value, as_user: Option<(&str, &str)>) -> Output {
+    let mut args = vec!["apply", "--dry-run=server", "-n", &env.namespace, "-f", "-"];
+    if let Some((user, group)) = as_user {
+        args.extend(["--as", user, "--as-group", group]);
+    }
+    e2e::kubectl_stdin(env, &args, &object.to_string())
+}
+
+/// A policy ConfigMap in the cluster (must-show 3): both operator pods serve the layer, its
+/// rule refuses through the webhook Service, and the floor holds against its data.
+async fn policy_layer_in_the_cluster(env: &TestEnv, alice_object: &Value) {
+    let digest = |h: &Value| h["policy"]["bundleDigest"].as_str().unwrap_or_default().to_owned();
+    let floor: Vec<String> = healthz_of_pods(env).iter().map(digest).collect();
+    assert!(floor.len() == 2 && floor[0] == floor[1] && !floor[0].is_empty(), "floor digests {floor:?}");
+    let layer = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "policy-layer", "namespace": NS, "labels": {"stateward.dev/policy": "true"}},
+        "data": {"layer.rego": LAYER_REGO, "data.json": LAYER_DATA}});
+    let out = e2e::kubectl_stdin(env, &["apply", "-f", "-"], &layer.to_string());
+    assert!(out.status.success(), "applying the policy layer: {}", out_text(&out));
+    let (_, took) =
+        wait_for("both operator pods serving the policy layer", Duration::from_secs(60), || async {
+            let now: Vec<String> = healthz_of_pods(env).iter().map(digest).collect();
+            if now.len() == 2 && now.iter().all(|d| !d.is_empty() && *d != floor[0]) {
+                Ok(())
+            } else {
+                Err(format!("digests {now:?} (floor {})", floor[0]))
+            }
+        })
+        .await;
+    let mut probe = alice_object.clone();
+    probe["metadata"]["name"] = json!("layer-probe");
+    probe["spec"]["retentionPolicy"] = json!("Retain");
+    let refused = out_text(&dry_run(env, &probe, None));
+    assert!(refused.contains("layer-names:"), "the layer's rule is not in force: {refused}");
+    let alice = dry_run(env, alice_object, Some(("alice", "dev")));
+    let floor_refusal = out_text(&alice);
+    assert!(
+        !alice.status.success() && floor_refusal.contains("retention-delete: alice may not set"),
+        "the layer's data loosened the floor: {floor_refusal}"
+    );
+    eprintln!(
+        "in_cluster: policy layer served by both pods {took:.1?} after the apply; its rule refuses \
+         through the Service; alice still refused by the floor despite the layer's data"
+    );
+}
+
+/// `stateward plugin pack FILE`: the ConfigMap's YAML and the digest it carries.
+fn pack(file: &Path) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_stateward"))
+        .args(["plugin", "pack"])
+        .arg(file)
+        .args(["--namespace", NS])
+        .env("STATEWARD_WASM_CACHE", super::support::wasm_cache_dir())
+        .output()
+        .expect("run stateward plugin pack");
+    assert!(out.status.success(), "pack: {}", out_text(&out));
+    let yaml = String::from_utf8_lossy(&out.stdout).into_owned();
+    let digest = yaml
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("stateward.dev/sha256:"))
+        .map(|d| d.trim().trim_matches(|c| c == '"' || c == '\'').to_owned())
+        .unwrap_or_else(|| {
+            panic!("no digest annotation in the packed ConfigMap: {}", &yaml[..yaml.len().min(400)])
+        });
+    (yaml, digest)
+}
+
+/// The redis digest each operator pod serves (`/debug/plugins`), and the lists themselves.
+fn served_redis(env: &TestEnv) -> (Vec<String>, Vec<Value>) {
+    let plugins: Vec<Value> = operator_pods(env)
+        .iter()
+        .map(|p| serde_json::from_str(&pod_http(env, p, "/debug/plugins")).unwrap_or(Value::Null))
+        .collect();
+    let redis = plugins
+        .iter()
+        .map(|list| {
+            list.as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["name"] == "redis" && p["digest"].is_string())
+                .and_then(|p| p["digest"].as_str())
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    (redis, plugins)
+}
+
+/// A plugin build from a ConfigMap in the cluster, admitted the hardened way (must-show 3):
+/// the administrator turns pins on and pins, in the pod spec, the build serving now (the
+/// image's: a pinned name loads no other build) and the new one; an unpinned build under
+/// the same name is refused by both pods, the pinned one then serves.
+async fn pinned_plugin_build_in_the_cluster(env: &TestEnv) {
+    let (pinned, digest) = pack(&super::support::wasm_with_features("fixture-redis-variant", &[]));
+    let (unpinned, other) = pack(&super::support::wasm_with_features("fixture-redis-variant", &["looping"]));
+    assert_ne!(digest, other, "two builds, two digests");
+    let (serving, plugins) = served_redis(env);
+    let builtin = serving.first().cloned().unwrap_or_default();
+    assert!(
+        serving.len() == 2 && serving.iter().all(|d| *d == builtin) && builtin.starts_with("sha256:"),
+        "both pods serve one redis build: {plugins:?}"
+    );
+    let args = "/spec/template/spec/containers/0/args/-";
+    let patch = json!([{"op": "add", "path": args, "value": "--require-plugin-pins"},
+        {"op": "add", "path": args, "value": format!("--pin-plugin=redis={builtin}")},
+        {"op": "add", "path": args, "value": format!("--pin-plugin=redis={digest}")}]);
+    let started = Instant::now();
+    kubectl(env, &["-n", NS, "patch", "deployment", "stateward", "--type=json", "-p", &patch.to_string()]);
+    let rollout = env
+        .kubectl()
+        .args(["-n", NS, "rollout", "status", "deployment", "stateward", "--timeout=180s"])
+        .output()
+        .expect("run kubectl");
+    if !rollout.status.success() {
+        let pods = env.kubectl().args(["-n", NS, "get", "pods", "-o", "wide"]).output().expect("run kubectl");
+        let mut why = format!("{}\n{}", out_text(&rollout), out_text(&pods));
+        for pod in operator_pods(env) {
+            let args = ["-n", NS, "logs", &pod, "--tail=20", "--all-containers"];
+            let logs = env.kubectl().args(args).output().expect("run kubectl");
+            why.push_str(&format!("\n== {pod}\n{}", out_text(&logs)));
+        }
+        panic!("the operator did not roll out with pins on: {why}");
+    }
+    let rolled = started.elapsed() + operator_ready(env, "with pins", Duration::from_secs(120)).await;
+    let served = |want: &str| {
+        let (redis, plugins) = served_redis(env);
+        (redis.len() == 2 && redis.iter().all(|d| d == want), plugins)
+    };
+
+    let apply = |yaml: &str| {
+        let out = e2e::kubectl_stdin(env, &["apply", "--server-side", "-f", "-"], yaml);
+        assert!(out.status.success(), "applying a plugin ConfigMap: {}", out_text(&out));
+    };
+    apply(&unpinned);
+    wait_for("both pods refusing the unpinned build", Duration::from_secs(60), || async {
+        let (still, plugins) = served(&builtin);
+        let refusals = plugins.iter().filter(|l| l.to_string().contains("is not pinned")).count();
+        if still && refusals == 2 {
+            Ok(())
+        } else {
+            Err(format!("{plugins:?}"))
+        }
+    })
+    .await;
+    let applied = Instant::now();
+    apply(&pinned);
+    let (_, took) = wait_for("both pods serving the pinned build", Duration::from_secs(60), || async {
+        let (now, plugins) = served(&digest);
+        if now {
+            Ok(())
+        } else {
+            Err(format!("{plugins:?}"))
+        }
+    })
+    .await;
+    eprintln!(
+        "in_cluster: pins on and {digest} pinned, rolled in {rolled:.1?}; the unpinned {other} refused \
+         by both pods; the pinned build served by both {took:.1?} after its ConfigMap ({:.1?} with the polls)",
+        applied.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn kustomize_install_serves_admission_conversion_and_the_postgres_sample() {
     let test = "in_cluster::kustomize_install_serves_admission_conversion_and_the_postgres_sample";
@@ -334,16 +654,7 @@ async fn kustomize_install_serves_admission_conversion_and_the_postgres_sample()
     // Install.
     let applied = Instant::now();
     kubectl(&env, &["apply", "--server-side", "-k", &root.join(OVERLAY).to_string_lossy()]);
-    let (_, ready) = wait_for("operator Deployment 2/2 Ready", Duration::from_secs(240), || async {
-        let d = kubectl_json(&env, &["-n", NS, "get", "deployment", "stateward"]);
-        let st = &d["status"];
-        if st["readyReplicas"] == 2 && st["updatedReplicas"] == 2 && st["replicas"] == 2 {
-            Ok(())
-        } else {
-            Err(format!("status {st}"))
-        }
-    })
-    .await;
+    let ready = operator_ready(&env, "", Duration::from_secs(240)).await;
     eprintln!("in_cluster: apply -k -> 2 operator pods Ready in {ready:.1?}");
 
     // Exactly one leader: the Lease names a live operator pod, and only that one says leader.
@@ -504,9 +815,16 @@ async fn kustomize_install_serves_admission_conversion_and_the_postgres_sample()
     );
     eprintln!("in_cluster: v1alpha1 read converted (storageSize {})", old["spec"]["storageSize"]);
 
+    // The operator killed during a scale (must-show 5), then its PodDisruptionBudget.
+    let instance = format!("stateward.dev/instance={sample}");
+    let replicas = killed_during_a_scale(&env, sample, &instance, replicas).await;
+    the_budget_keeps_one_operator_pod(&env).await;
+    // Hot reload in the cluster (must-show 3): a policy layer, then a pinned plugin build.
+    policy_layer_in_the_cluster(&env, &denied).await;
+    pinned_plugin_build_in_the_cluster(&env).await;
+
     // Uninstall (`kubectl delete -k` leaves the CRDs, README) takes no data: the cluster's pods
     // keep running untouched and every claim stays Bound, with the operator gone.
-    let instance = format!("stateward.dev/instance={sample}");
     let members = || {
         let pods = kubectl_json(&env, &["-n", &env.namespace, "get", "pods", "-l", &instance]);
         let mut seen: Vec<(String, String, i64)> = pods["items"]
