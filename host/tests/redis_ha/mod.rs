@@ -282,8 +282,14 @@ async fn wait_rejoined(
 }
 
 /// Must show 1, the failover a Sentinel performs, after `fault` has been done to the master;
-/// `limit` is the longest write gap allowed. Prints and asserts every figure.
-async fn fail_over(env: &TestEnv, what: &str, limit: Duration, fault: impl FnOnce(&TestEnv, &str)) {
+/// `limit` is the longest write gap allowed. Prints and asserts every figure; returns the old
+/// master and the new one.
+async fn fail_over(
+    env: &TestEnv,
+    what: &str,
+    limit: Duration,
+    fault: impl FnOnce(&TestEnv, &str),
+) -> (String, String) {
     let (old, replicas, took) = make_cluster(env, "cache", 3).await;
     eprintln!(
         "realpods-redis: 1 master {old} and replicas {replicas:?} with 3 Sentinels, {took:.1?} after create"
@@ -320,6 +326,7 @@ async fn fail_over(env: &TestEnv, what: &str, limit: Duration, fault: impl FnOnc
     assert!(events
         .iter()
         .any(|e| e.contains(&format!("MasterChanged: {new} is the master now, in place of {old}"))));
+    (old, new)
 }
 
 /// Must show 1: the master's pod deleted with `--grace-period=0`: a new master accepts writes
@@ -333,10 +340,24 @@ async fn sentinel_fails_over_a_deleted_master() {
     else {
         return;
     };
-    fail_over(&env, "master pod deleted (--grace-period=0)", Duration::from_secs(20), |env, old| {
+    let what = "master pod deleted (--grace-period=0)";
+    let (old, new) = fail_over(&env, what, Duration::from_secs(20), |env, old| {
         kubectl_ok(env, &["delete", "pod", old, "--grace-period=0", "--force", "--wait=false"]);
     })
     .await;
+    // The old master's pod came back either after the Sentinels had failed over, or before they
+    // noticed: then it had them promote a replica first. Never as the master: its data may be
+    // older than the replicas'.
+    let log = kubectl_ok(&env, &["logs", &old, "-c", "redis"]);
+    let start: Vec<&str> = log.lines().filter(|l| l.starts_with("stateward:")).collect();
+    eprintln!("realpods-redis: {what}: {old} started again: {start:?}");
+    let followed = format!("{new}.cache-headless");
+    assert!(
+        start
+            .iter()
+            .any(|l| l.contains(&followed) && (l.ends_with("as the master") || l.contains("took over"))),
+        "{old} started as a replica of {new}: {start:?}"
+    );
     drop(op);
 }
 

@@ -40,6 +40,9 @@ fn replication_starts_a_sentinel_beside_each_server() {
     let at = |needle: &str| s.find(needle).unwrap_or_else(|| panic!("{needle} missing"));
     assert!(at("sentinel monitor") < at("sentinel down-after-milliseconds"));
     assert!(at("resolve-hostnames") < at("sentinel monitor"));
+    // A master starting again has a Sentinel promote a replica first, and waits for it, bounded.
+    assert!(s.contains("answer=$(sentinel \"$asked\" failover primary) || answer="), "{s}");
+    assert!(s.contains("end=$(( $(date +%s) + 30 ))"), "{s}");
     // Only a name of the cluster's own pods is taken from a Sentinel's answer.
     assert!(s.contains("case \" $peers \" in"));
     // No password on a command line or in the ConfigMap.
