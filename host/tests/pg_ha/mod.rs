@@ -117,20 +117,20 @@ async fn endpoint_pods(env: &TestEnv, service: &str) -> BTreeSet<(String, String
         .collect()
 }
 
-/// A pod of the cluster `pg` as the API server has it.
+/// A pod of a cluster as the API server has it.
 #[derive(Debug, Clone)]
-struct PodState {
-    name: String,
-    uid: String,
-    deleting: bool,
-    ready: bool,
+pub(super) struct PodState {
+    pub(super) name: String,
+    pub(super) uid: String,
+    pub(super) deleting: bool,
+    pub(super) ready: bool,
 }
 
-/// The pods of the cluster `pg`.
-async fn pods(env: &TestEnv) -> Vec<PodState> {
+/// The pods of the cluster `instance`.
+pub(super) async fn pods(env: &TestEnv, instance: &str) -> Vec<PodState> {
     let api: Api<k8s_openapi::api::core::v1::Pod> = env.api();
     let list = api
-        .list(&kube::api::ListParams::default().labels("stateward.dev/instance=pg"))
+        .list(&kube::api::ListParams::default().labels(&format!("stateward.dev/instance={instance}")))
         .await
         .map(|l| l.items)
         .unwrap_or_default();

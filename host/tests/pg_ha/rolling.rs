@@ -16,7 +16,8 @@ async fn a_restart_requiring_change_rolls_standbys_first_then_switches_over_then
     };
     let (old_primary, _, _) = make_cluster(&env, "pg", 3, json!({})).await;
     let api = POSTGRES.api(&env);
-    let before: BTreeMap<String, String> = pods(&env).await.into_iter().map(|p| (p.name, p.uid)).collect();
+    let before: BTreeMap<String, String> =
+        pods(&env, "pg").await.into_iter().map(|p| (p.name, p.uid)).collect();
     start_writer(&env);
     wait_acks(&env, 200).await;
 
@@ -39,7 +40,7 @@ async fn a_restart_requiring_change_rolls_standbys_first_then_switches_over_then
     let mut replaced_before_switchover = None;
     loop {
         assert!(started.elapsed() < Duration::from_secs(600), "the roll not done in 600 s: {order:?}");
-        let now = pods(&env).await;
+        let now = pods(&env, "pg").await;
         let mut down = 0;
         for (name, uid) in &before {
             let p = now.iter().find(|p| p.name == *name);

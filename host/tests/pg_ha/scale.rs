@@ -30,7 +30,7 @@ async fn a_lost_standby_rejoins(env: &TestEnv, gone: &str) {
     start_writer(env);
     wait_acks(env, 200).await;
     let old_uid =
-        pods(env).await.into_iter().find(|p| p.name == gone).map(|p| p.uid).expect("the standby's pod");
+        pods(env, "pg").await.into_iter().find(|p| p.name == gone).map(|p| p.uid).expect("the standby's pod");
     let deleted = Instant::now();
     kubectl_ok(env, &["delete", "pod", gone, "--wait=false"]);
     // Polled until the new pod has been behind -ro three times, each checked streaming.
@@ -41,7 +41,7 @@ async fn a_lost_standby_rejoins(env: &TestEnv, gone: &str) {
         if left_ro.is_none() && !ro.iter().any(|(n, _)| n == gone) {
             left_ro = Some(deleted.elapsed());
         }
-        let now = pods(env).await;
+        let now = pods(env, "pg").await;
         if seen_new.is_none() && now.iter().any(|p| p.name == gone && p.uid != old_uid) {
             seen_new = Some(deleted.elapsed());
         }
@@ -153,7 +153,7 @@ async fn a_lost_standby_rejoins_and_the_cluster_scales_three_five_two_around_its
         }
         let cr = get_cr(&api, "pg").await.expect("CR");
         let primary = current_primary(&cr);
-        let now = pods(&env).await;
+        let now = pods(&env, "pg").await;
         let sts_replicas = statefulsets.get("pg").await.ok().and_then(|s| s.spec).and_then(|s| s.replicas);
         if primary == "pg-4" && sts_replicas == Some(5) {
             held += 1;

@@ -5,7 +5,7 @@
 //! from the credentials Secret in `REDISCLI_AUTH`), and prints what it measured
 //! (`-- --nocapture`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -294,6 +294,19 @@ async fn fail_over(
     eprintln!(
         "realpods-redis: 1 master {old} and replicas {replicas:?} with 3 Sentinels, {took:.1?} after create"
     );
+    fail_over_from(env, &old, &replicas, what, limit, fault).await
+}
+
+/// [`fail_over`] on the cluster `cache` made already, whose master is `old`.
+async fn fail_over_from(
+    env: &TestEnv,
+    old: &str,
+    replicas: &[String],
+    what: &str,
+    limit: Duration,
+    fault: impl FnOnce(&TestEnv, &str),
+) -> (String, String) {
+    let old = old.to_string();
     write_keys(env, "cache-master", 2);
     assert_eq!(keys_readable(env, "cache-master"), KEYS);
     eprintln!("realpods-redis: {KEYS} keys written through cache-master, acknowledged by 2 replicas (WAIT)");
@@ -327,38 +340,6 @@ async fn fail_over(
         .iter()
         .any(|e| e.contains(&format!("MasterChanged: {new} is the master now, in place of {old}"))));
     (old, new)
-}
-
-/// Must show 1: the master's pod deleted with `--grace-period=0`: a new master accepts writes
-/// through `-master` within 20 s, 1000/1000 keys readable, `-master` selects the new master
-/// only, and the old master rejoins as a replica.
-#[tokio::test]
-async fn sentinel_fails_over_a_deleted_master() {
-    let Some((env, op)) =
-        enter_with_operator("redis_ha::sentinel_fails_over_a_deleted_master", "rp-rdel", "realpods-rdel")
-            .await
-    else {
-        return;
-    };
-    let what = "master pod deleted (--grace-period=0)";
-    let (old, new) = fail_over(&env, what, Duration::from_secs(20), |env, old| {
-        kubectl_ok(env, &["delete", "pod", old, "--grace-period=0", "--force", "--wait=false"]);
-    })
-    .await;
-    // The old master's pod came back either after the Sentinels had failed over, or before they
-    // noticed: then it had them promote a replica first. Never as the master: its data may be
-    // older than the replicas'.
-    let log = kubectl_ok(&env, &["logs", &old, "-c", "redis"]);
-    let start: Vec<&str> = log.lines().filter(|l| l.starts_with("stateward:")).collect();
-    eprintln!("realpods-redis: {what}: {old} started again: {start:?}");
-    let followed = format!("{new}.cache-headless");
-    assert!(
-        start
-            .iter()
-            .any(|l| l.contains(&followed) && (l.ends_with("as the master") || l.contains("took over"))),
-        "{old} started as a replica of {new}: {start:?}"
-    );
-    drop(op);
 }
 
 /// Must show 1, hung: `DEBUG SLEEP 60` on the master: the same within 30 s.
@@ -559,17 +540,127 @@ async fn switchover_to_a_named_replica() {
     let events = super::pg_ha::cr_events(&env, "cache").await;
     eprintln!("realpods-redis: events: {events:#?}");
     assert!(events.iter().any(|e| e.contains(&format!("SwitchoverDone: switchover to {to}"))), "{events:#?}");
+    // On the same cluster (one formation less for the suite): a rolling change.
+    rolls_replicas_first_then_switches_over(&env, &to).await;
     drop(op);
 }
 
-/// Must show 4: a user from `spec.users` with `keys: [app:*]` and `commands: [+get, +set]`
+/// The writer in the client pod: `SET w:<i> 1` through `cache-master`, one connection each
+/// (bounded to 1 s, so a paused or moved master shows as a gap), every acknowledged `i` and
+/// when, until /tmp/stop appears.
+const WRITER: &str = r#"
+: > /tmp/acks
+i=0
+while [ ! -e /tmp/stop ]; do
+  i=$((i + 1))
+  if [ "$(timeout 1 redis-cli -h cache-master SET w:$i 1 2>/dev/null)" = OK ]; then echo "$i $(date +%s%3N)" >> /tmp/acks; fi
+done
+echo done > /tmp/stopped
+"#;
+
+/// Must show the rolling change: a configuration change (`maxmemory-policy` to `allkeys-lfu`) replaces the
+/// replicas one at a time, highest ordinal first, then switches over to an updated replica
+/// and replaces the old master last; under a writer, no acknowledged write is lost and the
+/// longest write gap is the switchover's pause.
+async fn rolls_replicas_first_then_switches_over(env: &TestEnv, master: &str) {
+    use super::pg_ha::pods;
+    let before: BTreeMap<String, String> =
+        pods(env, "cache").await.into_iter().map(|p| (p.name, p.uid)).collect();
+    client_sh(env, &format!("rm -f /tmp/stop /tmp/stopped; cat > /tmp/writer.sh <<'EOF'\n{WRITER}\nEOF\nnohup sh /tmp/writer.sh >/dev/null 2>&1 &"));
+    let acked = || client_sh(env, "wc -l < /tmp/acks").trim().parse::<usize>().unwrap_or(0);
+    while acked() < 100 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let api = REDIS.api(env);
+    let generation =
+        |cr: Option<Value>| cr.and_then(|c| c.pointer("/metadata/generation").and_then(Value::as_i64));
+    let was = generation(get_cr(&api, "cache").await);
+    let started = Instant::now();
+    let policy = r#"{"spec":{"parameters":{"maxmemory-policy":"allkeys-lfu"}}}"#;
+    kubectl_ok(env, &["patch", "rdc", "cache", "--type=merge", "-p", policy]);
+    let now = generation(get_cr(&api, "cache").await);
+    assert!(now > was, "the patch changed the spec (generation {was:?} -> {now:?})");
+    // Polled until every pod is a new one, Ready: the order they went in, the most away at
+    // once, and the master when each went.
+    let (mut order, mut most_down) = (Vec::<(String, String)>::new(), 0);
+    loop {
+        assert!(started.elapsed() < Duration::from_secs(400), "the roll not done in 400 s: {order:?}");
+        let now = pods(env, "cache").await;
+        let cr = get_cr(&api, "cache").await.unwrap_or_else(|| panic!("CR gone"));
+        let mut down = 0;
+        for (name, uid) in &before {
+            let p = now.iter().find(|p| p.name == *name);
+            if p.is_none_or(|p| p.deleting || p.uid != *uid) && !order.iter().any(|(n, _)| n == name) {
+                order.push((name.clone(), master_of(&cr)));
+            }
+            down += usize::from(p.is_none_or(|p| p.deleting || !p.ready));
+        }
+        most_down = most_down.max(down);
+        if before.iter().all(|(n, u)| now.iter().any(|p| p.name == *n && p.uid != *u && p.ready)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let rolled = started.elapsed();
+    let (new_master, _) = wait_replicated(env, "cache", before.len(), Duration::from_secs(180)).await;
+    let at = acked();
+    while acked() < at + 100 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    client_sh(env, "touch /tmp/stop; for i in $(seq 50); do [ -e /tmp/stopped ] && break; sleep 0.1; done");
+    let mut acks: Vec<(u64, u64)> = client_sh(env, "cat /tmp/acks")
+        .lines()
+        .filter_map(|l| l.split_once(' ').and_then(|(i, t)| Some((i.parse().ok()?, t.parse().ok()?))))
+        .collect();
+    acks.sort_by_key(|a| a.1);
+    let mut gaps: Vec<u64> = acks.windows(2).map(|w| w[1].1 - w[0].1).collect();
+    gaps.sort_unstable_by(|a, b| b.cmp(a));
+    let present: BTreeSet<u64> = client_sh(env, "redis-cli -h cache-master --scan --pattern 'w:*'")
+        .lines()
+        .filter_map(|k| k.trim().strip_prefix("w:")?.parse().ok())
+        .collect();
+    let lost: Vec<u64> = acks.iter().map(|a| a.0).filter(|i| !present.contains(i)).collect();
+    eprintln!(
+        "realpods-redis: maxmemory-policy rolled in {rolled:.1?}: pods replaced in the order (pod, master then) {order:?}; \
+         master {master} then {new_master}; at most {most_down} pod(s) away at once; write gaps (longest first) {:?} ms; \
+         {} writes acknowledged, {} lost",
+        &gaps[..gaps.len().min(4)],
+        acks.len(),
+        lost.len()
+    );
+    for p in before.keys() {
+        let policy = kubectl_ok(
+            env,
+            &["exec", p, "-c", "redis", "--", "redis-cli", "--raw", "CONFIG", "GET", "maxmemory-policy"],
+        );
+        assert_eq!(policy.lines().last(), Some("allkeys-lfu"), "{p} runs the new setting");
+    }
+    let pods_in_order: Vec<&str> = order.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(pods_in_order.last(), Some(&master), "the old master last: {order:?}");
+    assert!(
+        order[..order.len() - 1].iter().all(|(p, m)| p != m && m == master),
+        "every replica replaced while {master} was the master: {order:?}"
+    );
+    assert_ne!(order[order.len() - 1].1, master, "the old master replaced after a switchover: {order:?}");
+    assert_ne!(new_master, master);
+    assert_eq!(most_down, 1, "one pod away at a time");
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    // The issue's target is 5 s (3.7 s measured alone); 8 s leaves room for a busy node.
+    assert!(gaps[0] <= 8_000, "write gap {} ms over 8 s", gaps[0]);
+    assert!(gaps.get(1).is_none_or(|g| *g <= 3_000), "a second write gap: {:?}", &gaps[..2]);
+}
+
+/// Must show 4, then 1 on the same cluster (one formation less for the suite). 4: a user from `spec.users` with `keys: [app:*]` and `commands: [+get, +set]`
 /// (its password generated into `<name>-user-app`) sets and reads `app:x`, on the master and,
 /// replicated, on a replica; it is refused `FLUSHALL` and `other:x`; a wrong password and the
-/// `default` user without a password are refused.
+/// `default` user without a password are refused. 1: the master's pod deleted with
+/// `--grace-period=0`: a new master accepts writes through `-master` within 20 s, 1000/1000 keys
+/// readable, `-master` selects the new master only, and the old master rejoins as a replica,
+/// never having served as the master again.
 #[tokio::test]
-async fn acl_user_limited_to_its_keys_and_commands() {
+async fn acl_user_limited_to_its_keys_and_commands_then_a_deleted_master_fails_over() {
     let Some((env, op)) = enter_with_operator(
-        "redis_ha::acl_user_limited_to_its_keys_and_commands",
+        "redis_ha::acl_user_limited_to_its_keys_and_commands_then_a_deleted_master_fails_over",
         "rp-racl",
         "realpods-racl",
     )
@@ -578,7 +669,7 @@ async fn acl_user_limited_to_its_keys_and_commands() {
         return;
     };
     let users = json!({ "users": [{ "name": "app", "keys": ["app:*"], "commands": ["+get", "+set"] }] });
-    let (master, _, took) = make_cluster_with(&env, "cache", 3, users).await;
+    let (master, replicas, took) = make_cluster_with(&env, "cache", 3, users).await;
     eprintln!("realpods-redis: acl: master {master}, user app, {took:.1?} after create");
     let secret = kubectl_ok(&env, &["get", "secret", "cache-user-app", "-o", "jsonpath={.data.username}"]);
     assert_eq!(secret.trim(), "YXBw", "the Secret names the user (base64 of app)");
@@ -619,5 +710,24 @@ async fn acl_user_limited_to_its_keys_and_commands() {
     // The operator's own requests still authenticate (as default): the roles it reads are there.
     let cr = get_cr(&REDIS.api(&env), "cache").await.unwrap_or_else(|| panic!("CR gone"));
     assert_eq!(master_of(&cr), master);
+
+    let what = "master pod deleted (--grace-period=0)";
+    let (old, new) = fail_over_from(&env, &master, &replicas, what, Duration::from_secs(20), |env, old| {
+        kubectl_ok(env, &["delete", "pod", old, "--grace-period=0", "--force", "--wait=false"]);
+    })
+    .await;
+    // The old master's pod came back either after the Sentinels had failed over, or before they
+    // noticed: then it had them promote a replica first. Never as the master: its data may be
+    // older than the replicas'.
+    let log = kubectl_ok(&env, &["logs", &old, "-c", "redis"]);
+    let start: Vec<&str> = log.lines().filter(|l| l.starts_with("stateward:")).collect();
+    eprintln!("realpods-redis: {what}: {old} started again: {start:?}");
+    let followed = format!("{new}.cache-headless");
+    assert!(
+        start
+            .iter()
+            .any(|l| l.contains(&followed) && (l.ends_with("as the master") || l.contains("took over"))),
+        "{old} started as a replica of {new}: {start:?}"
+    );
     drop(op);
 }

@@ -485,14 +485,7 @@ pub fn schema() -> serde_json::Map<String, Value> {
             },
         }),
     );
-    m.insert(
-        "health".into(),
-        json!({
-            "type": "object",
-            "description": "Health checks' consecutive readings over their threshold, per instance.",
-            "x-kubernetes-preserve-unknown-fields": true,
-        }),
-    );
+    m.insert("health".into(), stateward_sdk::live::health_schema());
     m
 }
 

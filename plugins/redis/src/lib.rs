@@ -11,6 +11,7 @@ mod config;
 pub mod entrypoint;
 pub mod live;
 pub mod roles;
+pub mod roll;
 pub mod sentinel;
 pub mod spec;
 pub mod switchover;
@@ -119,7 +120,9 @@ impl Blueprint for Redis {
             },
             termination_grace_seconds: 30,
             parallel: false,
-            rolled_by_plugin: false,
+            // Replication: replicas first, the master only after a switchover (see `roll`).
+            rolled_by_plugin: spec::mode(&ctx.cluster.spec.raw, ctx.cluster.spec.replicas)
+                == spec::REPLICATION,
             pre_stop: None,
         }
     }

@@ -9,14 +9,16 @@
 use serde_json::{json, Value};
 use stateward_sdk::builders::Ctx;
 use stateward_sdk::live::{failure, poll_exec, response, Live, LiveInput, PodView, Reading, Threshold};
-use stateward_sdk::{Action, ExecRequest, PodLabels, RequestMode};
+use stateward_sdk::{Action, Event, EventType, ExecRequest, ObjectRef, PodLabels, RequestMode};
 
 use crate::roles::{self, Info, Member, SentinelView};
-use crate::switchover;
+use crate::{roll, switchover};
 use crate::{sentinel, spec, topology};
 
 /// How often each pod is asked: the labels the Services select on follow these answers.
 pub const POLL_MS: u64 = 2_000;
+/// How often while a switchover holds writes back: each step of it waits for a fresh answer.
+pub const SWITCHOVER_POLL_MS: u64 = 500;
 const TIMEOUT_MS: u32 = 5_000;
 /// The label the Services select on.
 pub const ROLE_LABEL: &str = "stateward.dev/role";
@@ -91,6 +93,9 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     let quorum = sentinel::quorum(ctx);
     let mut wake = None;
     let mut members = Vec::new();
+    let holding =
+        matches!(switchover::State::from_status(input.status).phase.as_str(), "Pausing" | "FailingOver");
+    let every_ms = if holding { SWITCHOVER_POLL_MS } else { POLL_MS };
     for pod in &input.pods {
         let (info_id, sentinel_id) = (request_id("info", pod), request_id("sentinel", pod));
         if pod.can_exec("redis") && !pod.deleting {
@@ -99,7 +104,7 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                 &pod.name,
                 "redis",
                 &["redis-cli", "-h", "127.0.0.1", "-p", &port, "--no-auth-warning", "info"],
-                POLL_MS,
+                every_ms,
                 TIMEOUT_MS,
             ));
             if replication {
@@ -118,7 +123,7 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                         "master",
                         sentinel::MASTER_NAME,
                     ],
-                    POLL_MS,
+                    every_ms,
                     TIMEOUT_MS,
                 ));
             }
@@ -242,18 +247,43 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                 ))
             })
             .collect();
-        let step = switchover::step(
-            &switchover::State::from_status(input.status),
-            input.annotation(switchover::ANNOTATION),
-            &switchover::View {
-                master: d.master.as_deref(),
-                replicas: &replicas,
-                pods: &pods,
-                servers: &servers,
-            },
-            &answers,
-            input.now_ms,
-        );
+        let view = switchover::View {
+            master: d.master.as_deref(),
+            replicas: &replicas,
+            pods: &pods,
+            servers: &servers,
+        };
+        let annotation = input.annotation(switchover::ANNOTATION);
+        let mut prev = switchover::State::from_status(input.status);
+        let newly_asked = annotation.map(str::trim).is_some_and(|a| !a.is_empty() && a != prev.asked);
+        if !prev.active() && !newly_asked {
+            match roll::next(
+                &roll_pods(input, &d),
+                ctx.cluster.spec.replicas,
+                d.master.as_deref(),
+                previous.is_some(),
+            ) {
+                Some(roll::Step::Replace { pod, why }) => {
+                    live.events.push(Event {
+                        type_: EventType::Normal,
+                        reason: "ReplacingPod".into(),
+                        message: format!("replacing {pod}: {why}"),
+                    });
+                    live.actions.push(Action::Delete(ObjectRef {
+                        api_version: "v1".into(),
+                        kind: "Pod".into(),
+                        name: pod,
+                    }));
+                }
+                Some(roll::Step::Switchover { to, why }) if switchover::may_begin(&prev, input.now_ms) => {
+                    let (started, event) = switchover::begin(&prev, &to, &why, &view, input.now_ms);
+                    prev = started;
+                    live.events.push(event);
+                }
+                _ => {}
+            }
+        }
+        let step = switchover::step(&prev, annotation, &view, &answers, input.now_ms);
         for r in &step.requests {
             live.actions.push(Action::Exec(switchover::exec(
                 r,
@@ -279,6 +309,25 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         live.requeue_after_ms = Some(live.requeue_after_ms.map_or(w, |r| r.min(w)));
     }
     live
+}
+
+/// The pods as the roll sees them: their readiness, revision and the role just decided.
+fn roll_pods(input: &LiveInput, d: &roles::Decision) -> Vec<roll::Pod> {
+    input
+        .pods
+        .iter()
+        .map(|p| roll::Pod {
+            name: p.name.clone(),
+            ready: p.ready,
+            deleting: p.deleting,
+            outdated: input
+                .update_revision
+                .as_deref()
+                .is_some_and(|r| !p.revision.is_empty() && p.revision != r),
+            role: d.roles.iter().find(|(n, _)| *n == p.name).and_then(|(_, r)| *r),
+            lag: d.lag.get(&p.name).copied().flatten(),
+        })
+        .collect()
 }
 
 /// One instance in status: what its server said, or why it said nothing.
@@ -392,14 +441,7 @@ pub fn schema() -> serde_json::Map<String, Value> {
             },
         }),
     );
-    m.insert(
-        "health".into(),
-        json!({
-            "type": "object",
-            "description": "Health checks' consecutive readings over their threshold, per instance.",
-            "x-kubernetes-preserve-unknown-fields": true,
-        }),
-    );
+    m.insert("health".into(), stateward_sdk::live::health_schema());
     m
 }
 

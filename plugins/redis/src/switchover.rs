@@ -178,6 +178,47 @@ fn event(type_: EventType, reason: &str, message: String) -> Event {
     Event { type_, reason: reason.into(), message }
 }
 
+/// A switchover to `to` starting now (`why`: who asked), or refused at once: its state and the
+/// event saying so. `asked` stays what the annotation asked last: a switchover the plugin
+/// starts itself (see [`crate::roll`]) leaves it as it was.
+pub fn begin(prev: &State, to: &str, why: &str, view: &View, now_ms: u64) -> (State, Event) {
+    let mut st = State {
+        asked: prev.asked.clone(),
+        to: to.to_string(),
+        from: view.master.unwrap_or_default().to_string(),
+        started_at_ms: now_ms,
+        ..State::default()
+    };
+    let refuse = |why: String| ("Refused".to_string(), why);
+    let (phase, message) = if !view.pods.iter().any(|p| p == to) {
+        refuse(format!("{to} is not a pod of this cluster"))
+    } else if view.master == Some(to) {
+        ("Done".to_string(), format!("{to} is the master already"))
+    } else if view.master.is_none() {
+        refuse("no master is confirmed to switch over from".to_string())
+    } else if !view.replicas.iter().any(|r| r == to) {
+        refuse(format!("{to} is not a replica linked to the master"))
+    } else {
+        ("Preparing".to_string(), format!("making {to} the preferred replica ({why})"))
+    };
+    st.phase = phase;
+    st.message = message;
+    let kind = if st.phase == "Refused" { EventType::Warning } else { EventType::Normal };
+    let e = event(kind, &format!("Switchover{}", st.phase), format!("switchover to {to}: {}", st.message));
+    (st, e)
+}
+
+/// After a switchover the plugin started failed, it starts none for this long: each attempt
+/// holds writes back for a while.
+pub const RETRY_AFTER_FAILED_MS: u64 = 300_000;
+
+/// Whether the plugin may start a switchover of its own now: none is under way, and the last
+/// one did not fail recently.
+pub fn may_begin(prev: &State, now_ms: u64) -> bool {
+    !prev.active()
+        && (prev.phase != "Failed" || now_ms >= prev.started_at_ms + TIMEOUT_MS + RETRY_AFTER_FAILED_MS)
+}
+
 /// One step; `answers` holds the answers to earlier requests by id (Err: why it failed).
 pub fn step(
     prev: &State,
@@ -190,33 +231,9 @@ pub fn step(
     let mut s = Step::default();
     let asked = annotation.map(str::trim).filter(|a| !a.is_empty());
     if let Some(to) = asked.filter(|a| *a != prev.asked) {
-        st = State {
-            asked: to.to_string(),
-            to: to.to_string(),
-            from: view.master.unwrap_or_default().to_string(),
-            started_at_ms: now_ms,
-            ..State::default()
-        };
-        let refuse = |why: String| ("Refused".to_string(), why);
-        let (phase, message) = if !view.pods.iter().any(|p| p == to) {
-            refuse(format!("{to} is not a pod of this cluster"))
-        } else if view.master == Some(to) {
-            ("Done".to_string(), format!("{to} is the master already"))
-        } else if view.master.is_none() {
-            refuse("no master is confirmed to switch over from".to_string())
-        } else if !view.replicas.iter().any(|r| r == to) {
-            refuse(format!("{to} is not a replica linked to the master"))
-        } else {
-            ("Preparing".to_string(), format!("making {to} the preferred replica"))
-        };
-        st.phase = phase;
-        st.message = message;
-        let kind = if st.phase == "Refused" { EventType::Warning } else { EventType::Normal };
-        s.events.push(event(
-            kind,
-            &format!("Switchover{}", st.phase),
-            format!("switchover to {to}: {}", st.message),
-        ));
+        let (started, event) = begin(prev, to, "asked by the annotation", view, now_ms);
+        st = State { asked: to.to_string(), ..started };
+        s.events.push(event);
     }
     if !st.active() {
         // The priorities go back to the default in the step that ends a switchover; asked again

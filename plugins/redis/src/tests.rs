@@ -8,6 +8,7 @@ use super::Redis;
 
 mod acl;
 mod roles;
+mod roll;
 mod scripts;
 mod switchover;
 mod validation;

@@ -144,6 +144,15 @@ impl Reading {
     }
 }
 
+/// `status.health` (the streaks [`Health`] keeps) for a plugin's status schema.
+pub fn health_schema() -> Value {
+    json!({
+        "type": "object",
+        "description": "Health checks' consecutive readings over their threshold, per subject (an instance, or the cluster).",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
 /// A health check over readings: the condition it drives and how many readings in a row
 /// must be over before it fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

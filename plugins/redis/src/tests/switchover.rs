@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 
 use crate::switchover::{
-    answered_ok, exec, step, Request, Server, State, View, PAUSE_MS, PRIORITY_SEEN_MS, TIMEOUT_MS,
+    answered_ok, begin, exec, may_begin, step, Request, Server, State, View, PAUSE_MS, PRIORITY_SEEN_MS,
+    RETRY_AFTER_FAILED_MS, TIMEOUT_MS,
 };
 
 fn pods() -> Vec<String> {
@@ -237,4 +238,25 @@ fn requests_run_redis_cli_in_the_pod_without_a_password() {
     assert!(answered_ok("OK\n3\nOK\n"));
     assert!(!answered_ok("OK\nERR unknown command\n"));
     assert!(!answered_ok(""));
+}
+
+#[test]
+fn a_switchover_the_roll_begins_keeps_what_the_annotation_asked_and_is_not_retried_at_once() {
+    let (pods, replicas, none) = (pods(), replicas(), BTreeMap::new());
+    let view = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &none };
+    // The annotation asked for c-1 earlier and that is done; the roll now begins one to c-2.
+    let earlier = State { asked: "c-1".into(), to: "c-1".into(), phase: "Done".into(), ..State::default() };
+    assert!(may_begin(&earlier, 5_000));
+    let (st, event) = begin(&earlier, "c-2", "c-0 is the last pod on an old revision", &view, 5_000);
+    assert_eq!((st.asked.as_str(), st.to.as_str(), st.from.as_str()), ("c-1", "c-2", "c-0"));
+    assert_eq!(st.phase, "Preparing");
+    assert!(event.message.contains("(c-0 is the last pod on an old revision)"), "{}", event.message);
+    // The annotation still saying c-1 starts nothing new: the roll's switchover goes on.
+    let s = step(&st, Some("c-1"), &view, &BTreeMap::new(), 6_000);
+    assert_eq!((s.state.to.as_str(), s.state.phase.as_str()), ("c-2", "Preparing"));
+    assert!(!may_begin(&s.state, 6_000), "one at a time");
+    // A failed one is not begun again until a while after it.
+    let failed = State { phase: "Failed".into(), started_at_ms: 5_000, ..st };
+    assert!(!may_begin(&failed, 5_000 + TIMEOUT_MS + 1_000));
+    assert!(may_begin(&failed, 5_000 + TIMEOUT_MS + RETRY_AFTER_FAILED_MS));
 }

@@ -1,0 +1,84 @@
+//! Rolling changes in replication mode, as a pure decision over the pods ([`next`]); the
+//! plugin carries it out in [`crate::live`].
+//!
+//! The StatefulSet's `updateStrategy` is `OnDelete` in replication mode: its controller makes
+//! a deleted pod again from the current revision but replaces none by itself, so the order is
+//! the plugin's. One pod at a time, and only while every pod that stays is there, Ready, and
+//! the master or a replica linked to it: first the outdated replicas, highest ordinal first;
+//! then a switchover (see [`crate::switchover`]) to the updated linked replica that lags
+//! least; the old master, a replica by then, last. The master's server is never restarted
+//! while it is the master, so no write is refused for longer than the switchover's pause.
+//!
+//! Before any master was confirmed (a new cluster) there is nothing to keep and nobody to ask:
+//! outdated pods are replaced by their readiness alone, as the StatefulSet controller would.
+//! While no master is confirmed later on (a failover under way), nothing is replaced.
+
+/// A pod as the roll sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    pub name: String,
+    pub ready: bool,
+    pub deleting: bool,
+    /// Made from an older revision of the StatefulSet than the one it makes pods from now.
+    pub outdated: bool,
+    /// The role label the plugin gives it: `master`, `replica` (linked to the master) or none.
+    pub role: Option<&'static str>,
+    /// A replica's bytes behind the master, if known.
+    pub lag: Option<u64>,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Delete `pod`: the StatefulSet makes it again from its current revision.
+    Replace { pod: String, why: String },
+    /// Switch over from the master to `to`.
+    Switchover { to: String, why: String },
+}
+
+/// The pod's ordinal in the StatefulSet (`<name>-<n>`).
+fn ordinal(pod: &str) -> Option<i64> {
+    pod.rsplit_once('-')?.1.parse().ok()
+}
+
+/// The next step, if one may be taken now. `replicas` is `spec.replicas`; `master` the
+/// confirmed master; `formed`: a master was ever confirmed (status names one).
+pub fn next(pods: &[Pod], replicas: i64, master: Option<&str>, formed: bool) -> Option<Step> {
+    let staying: Vec<&Pod> = pods.iter().filter(|p| ordinal(&p.name).is_none_or(|o| o < replicas)).collect();
+    let all_there = i64::try_from(staying.len()).is_ok_and(|n| n == replicas);
+    if !all_there || staying.iter().any(|p| p.deleting || !p.ready) || !staying.iter().any(|p| p.outdated) {
+        return None;
+    }
+    let highest_outdated = |among: &mut dyn Iterator<Item = &&Pod>| {
+        among
+            .filter(|p| p.outdated)
+            .max_by_key(|p| (ordinal(&p.name), p.name.clone()))
+            .map(|p| p.name.clone())
+    };
+    let Some(master) = master else {
+        let pod = highest_outdated(&mut staying.iter()).filter(|_| !formed)?;
+        return Some(Step::Replace {
+            pod,
+            why: "on an old revision, before the first master answered".into(),
+        });
+    };
+    let linked = |p: &&&Pod| p.name == master || p.role == Some("replica");
+    if !staying.iter().all(|p| linked(&p)) {
+        return None;
+    }
+    if let Some(pod) = highest_outdated(&mut staying.iter().filter(|p| p.name != master)) {
+        return Some(Step::Replace {
+            pod,
+            why: "a replica on an old revision (replicas first, one at a time)".into(),
+        });
+    }
+    // Only the master is left on the old revision.
+    let to = staying
+        .iter()
+        .filter(|p| p.name != master && !p.outdated)
+        .min_by_key(|p| (p.lag.unwrap_or(u64::MAX), std::cmp::Reverse(ordinal(&p.name))))?;
+    Some(Step::Switchover {
+        to: to.name.clone(),
+        why: format!("{master} is the last pod on an old revision"),
+    })
+}

@@ -1,0 +1,188 @@
+//! The order of a rolling change in replication mode.
+
+use crate::roll::{next, Pod, Step};
+
+/// `(name, ready, outdated, role)`; lags: c-1 behind by 10 bytes, the others by 0.
+fn pods(list: &[(&str, bool, bool, Option<&'static str>)]) -> Vec<Pod> {
+    list.iter()
+        .map(|(name, ready, outdated, role)| Pod {
+            name: name.to_string(),
+            ready: *ready,
+            deleting: false,
+            outdated: *outdated,
+            role: *role,
+            lag: (*role == Some("replica")).then_some(if *name == "c-1" { 10 } else { 0 }),
+        })
+        .collect()
+}
+
+const M: Option<&str> = Some("master");
+const R: Option<&str> = Some("replica");
+
+fn replace(pod: &str) -> Option<String> {
+    Some(pod.to_string())
+}
+
+fn replaced(step: Option<Step>) -> Option<String> {
+    match step {
+        Some(Step::Replace { pod, .. }) => Some(pod),
+        _ => None,
+    }
+}
+
+#[test]
+fn replicas_go_first_highest_ordinal_first_then_a_switchover_then_the_old_master() {
+    // c-1 is the master; all three outdated.
+    let all = pods(&[("c-0", true, true, R), ("c-1", true, true, M), ("c-2", true, true, R)]);
+    assert_eq!(replaced(next(&all, 3, Some("c-1"), true)), replace("c-2"));
+    let after_c2 = pods(&[("c-0", true, true, R), ("c-1", true, true, M), ("c-2", true, false, R)]);
+    assert_eq!(replaced(next(&after_c2, 3, Some("c-1"), true)), replace("c-0"));
+    // Only the master is outdated: a switchover to the updated replica lagging least (c-2, 0
+    // bytes; c-0 also 0 bytes: the higher ordinal wins the tie).
+    let only_master = pods(&[("c-0", true, false, R), ("c-1", true, true, M), ("c-2", true, false, R)]);
+    match next(&only_master, 3, Some("c-1"), true) {
+        Some(Step::Switchover { to, why }) => {
+            assert_eq!(to, "c-2");
+            assert!(why.contains("c-1 is the last pod on an old revision"), "{why}");
+        }
+        other => panic!("wanted a switchover, got {other:?}"),
+    }
+    // After it the old master is a replica: replaced last.
+    let switched = pods(&[("c-0", true, false, R), ("c-1", true, true, R), ("c-2", true, false, M)]);
+    assert_eq!(replaced(next(&switched, 3, Some("c-2"), true)), replace("c-1"));
+    let done = pods(&[("c-0", true, false, R), ("c-1", true, false, R), ("c-2", true, false, M)]);
+    assert_eq!(next(&done, 3, Some("c-2"), true), None);
+}
+
+#[test]
+fn the_least_lagging_updated_replica_is_switched_to() {
+    // c-1 lags 10 bytes, c-0 none: c-0, although c-1 has the higher ordinal.
+    let p = pods(&[("c-0", true, false, R), ("c-1", true, false, R), ("c-2", true, true, M)]);
+    assert!(matches!(next(&p, 3, Some("c-2"), true), Some(Step::Switchover { to, .. }) if to == "c-0"));
+}
+
+#[test]
+fn nothing_moves_unless_every_pod_is_there_ready_and_linked() {
+    // A replica not Ready, one being deleted, one not linked, one missing: nothing.
+    let not_ready = pods(&[("c-0", false, false, R), ("c-1", true, true, M), ("c-2", true, true, R)]);
+    assert_eq!(next(&not_ready, 3, Some("c-1"), true), None);
+    let mut deleting = pods(&[("c-0", true, false, R), ("c-1", true, true, M), ("c-2", true, true, R)]);
+    deleting[0].deleting = true;
+    assert_eq!(next(&deleting, 3, Some("c-1"), true), None);
+    let unlinked = pods(&[("c-0", true, false, None), ("c-1", true, true, M), ("c-2", true, true, R)]);
+    assert_eq!(next(&unlinked, 3, Some("c-1"), true), None);
+    let missing = pods(&[("c-1", true, true, M), ("c-2", true, true, R)]);
+    assert_eq!(next(&missing, 3, Some("c-1"), true), None);
+    // No master confirmed after one was (a failover under way): nothing.
+    let failing = pods(&[("c-0", true, true, R), ("c-1", true, true, None), ("c-2", true, true, R)]);
+    assert_eq!(next(&failing, 3, None, true), None);
+    // Nothing outdated: nothing.
+    let current = pods(&[("c-0", true, false, R), ("c-1", true, false, M), ("c-2", true, false, R)]);
+    assert_eq!(next(&current, 3, Some("c-1"), true), None);
+}
+
+#[test]
+fn before_the_first_master_pods_are_replaced_by_readiness() {
+    let forming = pods(&[("c-0", true, true, None), ("c-1", true, true, None), ("c-2", true, false, None)]);
+    assert_eq!(replaced(next(&forming, 3, None, false)), replace("c-1"));
+}
+
+#[test]
+fn replication_mode_rolls_by_the_plugin_and_standalone_by_the_statefulset() {
+    use super::*;
+    let cr = tk::cr("RedisCluster", "cache", spec());
+    let sts = tk::find(&plan(&cr), "StatefulSet");
+    assert_eq!(sts["spec"]["updateStrategy"]["type"], "OnDelete");
+    let mut solo = cr.clone();
+    solo["spec"]["replicas"] = json!(1);
+    let sts = tk::find(&plan(&solo), "StatefulSet");
+    assert_eq!(sts["spec"]["updateStrategy"]["type"], "RollingUpdate");
+}
+
+// --- through reconcile ----------------------------------------------------------------------
+
+/// A Ready pod of revision `rev`.
+fn pod(name: &str, rev: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": "db", "uid": format!("{name}-uid-0001"),
+            "labels": { "stateward.dev/instance": "cache", "controller-revision-hash": rev },
+        },
+        "status": {
+            "conditions": [{ "type": "Ready", "status": "True" }],
+            "containerStatuses": [{ "name": "redis", "state": { "running": {} }, "restartCount": 0 }],
+        },
+    })
+}
+
+fn answer(id: String, stdout: &str) -> stateward_sdk::Response {
+    stateward_sdk::Response { id, code: Some(0), stdout: stdout.into(), ..Default::default() }
+}
+
+/// cache-0 the master, cache-1 and cache-2 its replicas, every Sentinel naming cache-0; all
+/// pods of revision `old` while the StatefulSet makes `new`; `status` as written last.
+fn observed(status: serde_json::Value) -> stateward_sdk::Observed {
+    use super::*;
+    let mut cr = tk::cr("RedisCluster", "cache", spec());
+    cr["status"] = status;
+    let sts = tk::find(&plan(&cr), "StatefulSet");
+    let pods: Vec<serde_json::Value> = (0..3).map(|i| pod(&format!("cache-{i}"), "old")).collect();
+    let children = tk::with_sts_status(&[vec![sts], pods].concat(), 3, 3, 0, ("old", "new"));
+    let mut o = tk::observed(&cr, &children);
+    let id = |kind: &str, i: usize| format!("{kind}-cache-{i}-cache-{i}--r0");
+    let sentinel = "name\nprimary\nip\ncache-0.cache-headless\nport\n6379\nflags\nmaster\nnum-other-sentinels\n2\nquorum\n2\n";
+    o.responses.push(answer(
+        id("info", 0),
+        "role:master\r\nconnected_slaves:2\r\nmaster_repl_offset:100\r\nused_memory:1\r\n",
+    ));
+    for i in 1..3 {
+        o.responses.push(answer(
+            id("info", i),
+            "role:slave\r\nmaster_host:cache-0.cache-headless\r\nmaster_link_status:up\r\nslave_repl_offset:100\r\nused_memory:1\r\n",
+        ));
+    }
+    for i in 0..3 {
+        o.responses.push(answer(id("sentinel", i), sentinel));
+    }
+    o
+}
+
+#[test]
+fn reconcile_replaces_the_highest_outdated_replica_and_polls_faster_while_writes_are_held() {
+    use stateward_sdk::{Action, RequestMode, Service};
+    let p = super::Redis::reconcile(observed(serde_json::json!({ "master": "cache-0" }))).unwrap();
+    let deleted: Vec<String> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Delete(o) if o.kind == "Pod" => Some(o.name.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, ["cache-2"]);
+    assert!(p.events.iter().any(|e| e.reason == "ReplacingPod" && e.message.contains("replicas first")));
+    let modes = |p: &stateward_sdk::Plan| -> Vec<RequestMode> {
+        p.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Exec(e) if e.id.starts_with("info-") => Some(e.mode.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    assert!(modes(&p).iter().all(|m| *m == RequestMode::EveryMs(crate::live::POLL_MS)));
+
+    // A switchover holding writes back: nothing is replaced, and the pods are asked faster.
+    let holding = serde_json::json!({
+        "master": "cache-0",
+        "switchover": { "asked": "cache-1", "to": "cache-1", "from": "cache-0", "phase": "Pausing",
+                        "startedAtMs": 1_700_000_000_000u64 - 12_000, "preparedAtMs": 1_700_000_000_000u64 - 11_500,
+                        "pausedAtMs": 0 },
+    });
+    let p = super::Redis::reconcile(observed(holding)).unwrap();
+    assert!(!p.actions.iter().any(|a| matches!(a, Action::Delete(_))), "no pod replaced during a switchover");
+    let m = modes(&p);
+    assert_eq!(m.len(), 3);
+    assert!(m.iter().all(|m| *m == RequestMode::EveryMs(crate::live::SWITCHOVER_POLL_MS)), "{m:?}");
+}
