@@ -166,7 +166,7 @@ fn reconcile_replaces_the_highest_outdated_replica_and_polls_faster_while_writes
         p.actions
             .iter()
             .filter_map(|a| match a {
-                Action::Exec(e) if e.id.starts_with("info-") => Some(e.mode.clone()),
+                Action::Exec(e) if e.id.starts_with("info-") => Some(e.mode),
                 _ => None,
             })
             .collect()
