@@ -479,24 +479,8 @@ async fn switchover_to_a_named_replica() {
     write_keys(&env, "cache-master", 2);
     let to = replicas.last().unwrap_or_else(|| panic!("no replica")).clone();
     let asked = Instant::now();
-    kubectl_ok(&env, &["annotate", "rdc", "cache", &format!("stateward.dev/switchover-to={to}")]);
+    let done = switch_over_to(&env, &to).await;
     let api = REDIS.api(&env);
-    let (_, done) = wait_for(&format!("switchover to {to} Done"), Duration::from_secs(120), || {
-        let api = api.clone();
-        let to = to.clone();
-        async move {
-            let cr = get_cr(&api, "cache").await.ok_or("CR not found")?;
-            let sw = cr.pointer("/status/switchover").cloned().unwrap_or(Value::Null);
-            // The one asked here (the roll at formation may have made another before).
-            let ours = sw["asked"] == json!(to) && sw["to"] == json!(to);
-            match sw["phase"].as_str() {
-                Some("Done") if ours => Ok(()),
-                Some("Refused" | "Failed") if ours => panic!("switchover {sw}"),
-                _ => Err(format!("switchover {sw}; master {}", master_of(&cr))),
-            }
-        }
-    })
-    .await;
     let cr = get_cr(&api, "cache").await.unwrap_or_else(|| panic!("CR gone"));
     eprintln!(
         "realpods-redis: switchover to {to}: Done {done:.1?} after the annotation: {}",
@@ -541,8 +525,35 @@ async fn switchover_to_a_named_replica() {
     eprintln!("realpods-redis: events: {events:#?}");
     assert!(events.iter().any(|e| e.contains(&format!("SwitchoverDone: switchover to {to}"))), "{events:#?}");
     // On the same cluster (one formation less for the suite): a rolling change.
-    rolls_replicas_first_then_switches_over(&env, &to).await;
+    let master = rolls_replicas_first_then_switches_over(&env, &to).await;
+    scales_in_past_the_master(&env, &master).await;
     drop(op);
+}
+
+/// Annotates the cluster `cache` to switch over to `to` and waits until that switchover is
+/// `Done` (panics if it is refused or fails); how long it took.
+async fn switch_over_to(env: &TestEnv, to: &str) -> Duration {
+    kubectl_ok(
+        env,
+        &["annotate", "--overwrite", "rdc", "cache", &format!("stateward.dev/switchover-to={to}")],
+    );
+    let api = REDIS.api(env);
+    let (_, done) = wait_for(&format!("switchover to {to} Done"), Duration::from_secs(120), || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, "cache").await.ok_or("CR not found")?;
+            let sw = cr.pointer("/status/switchover").cloned().unwrap_or(Value::Null);
+            // The one asked here (the roll at formation may have made another before).
+            let ours = sw["asked"] == json!(to) && sw["to"] == json!(to);
+            match sw["phase"].as_str() {
+                Some("Done") if ours => Ok(()),
+                Some("Refused" | "Failed") if ours => panic!("switchover {sw}"),
+                _ => Err(format!("switchover {sw}; master {}", master_of(&cr))),
+            }
+        }
+    })
+    .await;
+    done
 }
 
 /// The writer in the client pod: `SET w:<i> 1` through `cache-master`, one connection each
@@ -562,7 +573,7 @@ echo done > /tmp/stopped
 /// replicas one at a time, highest ordinal first, then switches over to an updated replica
 /// and replaces the old master last; under a writer, no acknowledged write is lost and the
 /// longest write gap is the switchover's pause.
-async fn rolls_replicas_first_then_switches_over(env: &TestEnv, master: &str) {
+async fn rolls_replicas_first_then_switches_over(env: &TestEnv, master: &str) -> String {
     use super::pg_ha::pods;
     let before: BTreeMap<String, String> =
         pods(env, "cache").await.into_iter().map(|p| (p.name, p.uid)).collect();
@@ -645,9 +656,58 @@ async fn rolls_replicas_first_then_switches_over(env: &TestEnv, master: &str) {
     assert_ne!(new_master, master);
     assert_eq!(most_down, 1, "one pod away at a time");
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
-    // The issue's target is 5 s (3.7 s measured alone); 8 s leaves room for a busy node.
-    assert!(gaps[0] <= 8_000, "write gap {} ms over 8 s", gaps[0]);
+    // The issue's target is 5 s; 3.7 s and 6.5 s were measured on this machine, so the bound
+    // leaves room for a busy node: the pause is held until the target has caught up and the
+    // Sentinels name it, then kube-proxy moves `-master`.
+    assert!(gaps[0] <= 10_000, "write gap {} ms over 10 s", gaps[0]);
     assert!(gaps.get(1).is_none_or(|g| *g <= 3_000), "a second write gap: {:?}", &gaps[..2]);
+    new_master
+}
+
+/// Scale-in past the master: 3 -> 4 pods, the master moved to `cache-3` (the annotation), then
+/// back to 3: the plugin switches over to a pod that stays before the StatefulSet shrinks, no
+/// key is lost, and every Sentinel forgets the removed one (each knows the 2 others that run:
+/// a failover still has its majority).
+async fn scales_in_past_the_master(env: &TestEnv, master: &str) {
+    let started = Instant::now();
+    kubectl_ok(env, &["patch", "rdc", "cache", "--type=merge", "-p", r#"{"spec":{"replicas":4}}"#]);
+    wait_replicated(env, "cache", 4, Duration::from_secs(180)).await;
+    let grown = started.elapsed();
+    switch_over_to(env, "cache-3").await;
+    write_keys(env, "cache-master", 3);
+    let shrink = Instant::now();
+    kubectl_ok(env, &["patch", "rdc", "cache", "--type=merge", "-p", r#"{"spec":{"replicas":3}}"#]);
+    // The StatefulSet keeps 4 pods until the master has moved.
+    let sts_replicas = || {
+        kubectl_ok(env, &["get", "statefulset", "cache", "-o", "jsonpath={.spec.replicas}"])
+            .trim()
+            .to_string()
+    };
+    let api = REDIS.api(env);
+    let mut held_while_master = true;
+    loop {
+        assert!(shrink.elapsed() < Duration::from_secs(120), "cache-3 still the master after 120 s");
+        let cr = get_cr(&api, "cache").await.unwrap_or_else(|| panic!("CR gone"));
+        let m = master_of(&cr);
+        if m == "cache-3" || m.is_empty() {
+            held_while_master &= sts_replicas() == "4";
+        } else {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (new_master, _) = wait_replicated(env, "cache", 3, Duration::from_secs(180)).await;
+    let shrunk = shrink.elapsed();
+    let readable = keys_readable(env, "cache-master");
+    let cr = get_cr(&api, "cache").await.unwrap_or_else(|| panic!("CR gone"));
+    eprintln!(
+        "realpods-redis: scale 3 -> 4 in {grown:.1?} (master {master}); 4 -> 3 with the master on cache-3: {new_master} the master, \
+         3 pods with every Sentinel knowing the 2 others, {shrunk:.1?} after the patch; {readable}/{KEYS} keys; sentinels {}",
+        cr.pointer("/status/sentinels").unwrap_or(&Value::Null)
+    );
+    assert!(held_while_master, "the StatefulSet shrank while cache-3 was the master");
+    assert_ne!(new_master, "cache-3");
+    assert_eq!(readable, KEYS);
 }
 
 /// Must show 4, then 1 on the same cluster (one formation less for the suite). 4: a user from `spec.users` with `keys: [app:*]` and `commands: [+get, +set]`

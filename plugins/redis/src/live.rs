@@ -298,6 +298,11 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         if let Some(w) = step.wake_in_ms {
             wake = Some(w);
         }
+        let sw = &step.state;
+        let ends = sw.active().then_some([sw.from.as_str(), sw.to.as_str()]).into_iter().flatten();
+        let masters = [d.master.as_deref(), previous].into_iter().flatten().chain(ends);
+        live.hold_replicas = roll::hold_replicas(masters, ctx.cluster.spec.replicas);
+        live.actions.extend(sentinel_reset(input, &members, ctx.cluster.spec.replicas));
     }
     live.conditions.push(d.condition.clone());
     live.events.extend(d.events.iter().cloned());
@@ -309,6 +314,45 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         live.requeue_after_ms = Some(live.requeue_after_ms.map_or(w, |r| r.min(w)));
     }
     live
+}
+
+/// After a scale-in every Sentinel still counts the removed pods' Sentinels (Sentinel never
+/// forgets one), and a failover needs a majority of all it knows: with 5 known and 3 running,
+/// losing the master's pod would leave 2 of 5 and no failover. So once the StatefulSet has
+/// shrunk, a Sentinel that knows more others than run is reset (`SENTINEL RESET`: it forgets
+/// the other Sentinels and replicas and finds the live ones again within seconds). One at a
+/// time: none is reset while another is still finding the others again (knows fewer than run)
+/// or does not answer. Once per pod incarnation and count.
+fn sentinel_reset(input: &LiveInput, members: &[Member], replicas: i64) -> Option<Action> {
+    let settled = i64::try_from(input.pods.len()).is_ok_and(|n| n == replicas)
+        && input.pods.iter().all(|p| !p.deleting);
+    let expected = u64::try_from(replicas - 1).ok()?;
+    let known: Vec<(&PodView, u64)> = input
+        .pods
+        .iter()
+        .zip(members)
+        .filter_map(|(p, m)| match &m.sentinel {
+            Some(Ok(s)) => Some((p, s.other_sentinels)),
+            _ => None,
+        })
+        .collect();
+    if !settled || known.len() != input.pods.len() || known.iter().any(|(_, n)| *n < expected) {
+        return None;
+    }
+    let (pod, n) = known.into_iter().find(|(_, n)| *n > expected)?;
+    Some(Action::Exec(ExecRequest {
+        id: format!("{}-n{n}", request_id("sentinel-reset", pod)),
+        mode: RequestMode::Once,
+        pod: pod.name.clone(),
+        container: "redis".into(),
+        command: ["redis-cli", "-h", "127.0.0.1", "-p", &sentinel::PORT.to_string(), "--no-auth-warning"]
+            .into_iter()
+            .map(str::to_string)
+            .chain(["sentinel", "reset", sentinel::MASTER_NAME].map(str::to_string))
+            .collect(),
+        stdin: None,
+        timeout_ms: TIMEOUT_MS,
+    }))
 }
 
 /// The pods as the roll sees them: their readiness, revision and the role just decided.

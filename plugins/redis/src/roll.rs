@@ -9,6 +9,10 @@
 //! least; the old master, a replica by then, last. The master's server is never restarted
 //! while it is the master, so no write is refused for longer than the switchover's pause.
 //!
+//! Scale-in never removes the master: while it holds an ordinal at or past `spec.replicas`
+//! the StatefulSet is held at its size ([`hold_replicas`]) and the plugin switches over to the
+//! best replica that stays; only then does the StatefulSet shrink.
+//!
 //! Before any master was confirmed (a new cluster) there is nothing to keep and nobody to ask:
 //! outdated pods are replaced by their readiness alone, as the StatefulSet controller would.
 //! While no master is confirmed later on (a failover under way), nothing is replaced.
@@ -44,9 +48,9 @@ fn ordinal(pod: &str) -> Option<i64> {
 /// The next step, if one may be taken now. `replicas` is `spec.replicas`; `master` the
 /// confirmed master; `formed`: a master was ever confirmed (status names one).
 pub fn next(pods: &[Pod], replicas: i64, master: Option<&str>, formed: bool) -> Option<Step> {
-    let staying: Vec<&Pod> = pods.iter().filter(|p| ordinal(&p.name).is_none_or(|o| o < replicas)).collect();
+    let staying: Vec<&Pod> = pods.iter().filter(|p| kept(&p.name, replicas)).collect();
     let all_there = i64::try_from(staying.len()).is_ok_and(|n| n == replicas);
-    if !all_there || staying.iter().any(|p| p.deleting || !p.ready) || !staying.iter().any(|p| p.outdated) {
+    if !all_there || staying.iter().any(|p| p.deleting || !p.ready) {
         return None;
     }
     let highest_outdated = |among: &mut dyn Iterator<Item = &&Pod>| {
@@ -62,15 +66,27 @@ pub fn next(pods: &[Pod], replicas: i64, master: Option<&str>, formed: bool) -> 
             why: "on an old revision, before the first master answered".into(),
         });
     };
-    let linked = |p: &&&Pod| p.name == master || p.role == Some("replica");
-    if !staying.iter().all(|p| linked(&p)) {
+    if !staying.iter().all(|p| p.name == master || p.role == Some("replica")) {
         return None;
+    }
+    // Scale-in past the master: it moves to a pod that stays first (an updated one if any).
+    if !kept(master, replicas) {
+        let to = staying
+            .iter()
+            .min_by_key(|p| (p.outdated, p.lag.unwrap_or(u64::MAX), std::cmp::Reverse(ordinal(&p.name))))?;
+        return Some(Step::Switchover {
+            to: to.name.clone(),
+            why: format!("{master} is being scaled away (spec.replicas is {replicas})"),
+        });
     }
     if let Some(pod) = highest_outdated(&mut staying.iter().filter(|p| p.name != master)) {
         return Some(Step::Replace {
             pod,
             why: "a replica on an old revision (replicas first, one at a time)".into(),
         });
+    }
+    if !staying.iter().any(|p| p.outdated) {
+        return None;
     }
     // Only the master is left on the old revision.
     let to = staying
@@ -81,4 +97,16 @@ pub fn next(pods: &[Pod], replicas: i64, master: Option<&str>, formed: bool) -> 
         to: to.name.clone(),
         why: format!("{master} is the last pod on an old revision"),
     })
+}
+
+/// Whether `pod` keeps its place at `replicas` pods (its ordinal is below).
+fn kept(pod: &str, replicas: i64) -> bool {
+    ordinal(pod).is_none_or(|o| o < replicas)
+}
+
+/// The StatefulSet's size while any of `masters` (the confirmed master, the one status named
+/// last, a switchover's two ends) holds an ordinal `spec.replicas` drops: up to and including
+/// it, so the StatefulSet never removes a master; it shrinks once status names one that stays.
+pub fn hold_replicas<'a>(masters: impl IntoIterator<Item = &'a str>, replicas: i64) -> Option<i64> {
+    masters.into_iter().filter_map(ordinal).filter(|o| *o >= replicas).max().map(|o| o + 1)
 }

@@ -1,6 +1,6 @@
 //! The order of a rolling change in replication mode.
 
-use crate::roll::{next, Pod, Step};
+use crate::roll::{hold_replicas, next, Pod, Step};
 
 /// `(name, ready, outdated, role)`; lags: c-1 behind by 10 bytes, the others by 0.
 fn pods(list: &[(&str, bool, bool, Option<&'static str>)]) -> Vec<Pod> {
@@ -82,6 +82,37 @@ fn nothing_moves_unless_every_pod_is_there_ready_and_linked() {
 }
 
 #[test]
+fn scale_in_moves_the_master_off_a_removed_ordinal_first_and_holds_the_statefulset() {
+    // c-3 is the master of 4; spec.replicas now 3: a switchover to the best pod that stays.
+    let p = pods(&[
+        ("c-0", true, false, R),
+        ("c-1", true, false, R),
+        ("c-2", true, false, R),
+        ("c-3", true, false, M),
+    ]);
+    match next(&p, 3, Some("c-3"), true) {
+        Some(Step::Switchover { to, why }) => {
+            assert_eq!(to, "c-2", "c-1 lags 10 bytes; c-0 and c-2 none: the higher ordinal");
+            assert!(why.contains("c-3 is being scaled away (spec.replicas is 3)"), "{why}");
+        }
+        other => panic!("wanted a switchover, got {other:?}"),
+    }
+    // It comes before any roll, and prefers an updated replica.
+    let mixed = pods(&[
+        ("c-0", true, false, R),
+        ("c-1", true, true, R),
+        ("c-2", true, true, R),
+        ("c-3", true, true, M),
+    ]);
+    assert!(matches!(next(&mixed, 3, Some("c-3"), true), Some(Step::Switchover { to, .. }) if to == "c-0"));
+    // Held at 4 while the master, the one status named, or a switchover's end holds ordinal 3.
+    assert_eq!(hold_replicas(["c-3"], 3), Some(4));
+    assert_eq!(hold_replicas(["c-0", "c-3", "c-2"], 3), Some(4));
+    assert_eq!(hold_replicas(["c-0", "c-2"], 3), None);
+    assert_eq!(hold_replicas(["c-4"], 5), None);
+}
+
+#[test]
 fn before_the_first_master_pods_are_replaced_by_readiness() {
     let forming = pods(&[("c-0", true, true, None), ("c-1", true, true, None), ("c-2", true, false, None)]);
     assert_eq!(replaced(next(&forming, 3, None, false)), replace("c-1"));
@@ -123,15 +154,22 @@ fn answer(id: String, stdout: &str) -> stateward_sdk::Response {
 /// cache-0 the master, cache-1 and cache-2 its replicas, every Sentinel naming cache-0; all
 /// pods of revision `old` while the StatefulSet makes `new`; `status` as written last.
 fn observed(status: serde_json::Value) -> stateward_sdk::Observed {
+    observed_with(status, "old", &[2, 2, 2])
+}
+
+/// [`observed`] with the pods' revision and the number of other Sentinels each Sentinel knows.
+fn observed_with(status: serde_json::Value, rev: &str, others: &[u64; 3]) -> stateward_sdk::Observed {
     use super::*;
     let mut cr = tk::cr("RedisCluster", "cache", spec());
     cr["status"] = status;
     let sts = tk::find(&plan(&cr), "StatefulSet");
-    let pods: Vec<serde_json::Value> = (0..3).map(|i| pod(&format!("cache-{i}"), "old")).collect();
+    let pods: Vec<serde_json::Value> = (0..3).map(|i| pod(&format!("cache-{i}"), rev)).collect();
     let children = tk::with_sts_status(&[vec![sts], pods].concat(), 3, 3, 0, ("old", "new"));
     let mut o = tk::observed(&cr, &children);
     let id = |kind: &str, i: usize| format!("{kind}-cache-{i}-cache-{i}--r0");
-    let sentinel = "name\nprimary\nip\ncache-0.cache-headless\nport\n6379\nflags\nmaster\nnum-other-sentinels\n2\nquorum\n2\n";
+    let sentinel = |n: u64| {
+        format!("name\nprimary\nip\ncache-0.cache-headless\nport\n6379\nflags\nmaster\nnum-other-sentinels\n{n}\nquorum\n2\n")
+    };
     o.responses.push(answer(
         id("info", 0),
         "role:master\r\nconnected_slaves:2\r\nmaster_repl_offset:100\r\nused_memory:1\r\n",
@@ -142,8 +180,8 @@ fn observed(status: serde_json::Value) -> stateward_sdk::Observed {
             "role:slave\r\nmaster_host:cache-0.cache-headless\r\nmaster_link_status:up\r\nslave_repl_offset:100\r\nused_memory:1\r\n",
         ));
     }
-    for i in 0..3 {
-        o.responses.push(answer(id("sentinel", i), sentinel));
+    for (i, n) in others.iter().enumerate() {
+        o.responses.push(answer(id("sentinel", i), &sentinel(*n)));
     }
     o
 }
@@ -185,4 +223,36 @@ fn reconcile_replaces_the_highest_outdated_replica_and_polls_faster_while_writes
     let m = modes(&p);
     assert_eq!(m.len(), 3);
     assert!(m.iter().all(|m| *m == RequestMode::EveryMs(crate::live::SWITCHOVER_POLL_MS)), "{m:?}");
+}
+
+#[test]
+fn after_a_scale_in_each_sentinel_that_knows_removed_ones_is_reset_one_at_a_time() {
+    use stateward_sdk::{Action, Service};
+    let resets = |others: &[u64; 3]| -> Vec<(String, String)> {
+        let p =
+            super::Redis::reconcile(observed_with(serde_json::json!({ "master": "cache-0" }), "new", others))
+                .unwrap();
+        p.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Exec(e)
+                    if e.command.ends_with(&["sentinel".into(), "reset".into(), "primary".into()]) =>
+                {
+                    Some((e.pod.clone(), e.id.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    // Two removed pods' Sentinels still known by all three: the first is reset.
+    assert_eq!(
+        resets(&[4, 4, 4]),
+        [("cache-0".to_string(), "sentinel-reset-cache-0-cache-0--r0-n4".to_string())]
+    );
+    // cache-0 is finding the others again (knows 1 of 2): nobody else is reset meanwhile.
+    assert_eq!(resets(&[1, 4, 4]), []);
+    // It found them: the next.
+    assert_eq!(resets(&[2, 4, 4]).first().map(|r| r.0.as_str()), Some("cache-1"));
+    // Every Sentinel knows exactly the others that run: nothing.
+    assert_eq!(resets(&[2, 2, 2]), []);
 }
