@@ -1,6 +1,7 @@
 //! Redis on real pods (issue [redis]): replication with a Sentinel in every pod that fails over
-//! a deleted or a hung master, and a standalone server whose append-only file keeps its keys
-//! across a pod deletion. Each test makes its own `RedisCluster` with the local image, a
+//! a deleted or a hung master, switches over, rolls and scales in around its master; a
+//! standalone server whose append-only file keeps its keys across a pod deletion; and cluster
+//! mode (`cluster`). Each test makes its own `RedisCluster` with the local image, a
 //! client pod of the same image that reaches it through its Services (`redis-cli`, the password
 //! from the credentials Secret in `REDISCLI_AUTH`), and prints what it measured
 //! (`-- --nocapture`).
@@ -14,6 +15,8 @@ use stateward_testkit::TestEnv;
 use super::e2e::{self, get_cr, summary, wait_for, REDIS};
 use super::pg_ha::{endpoints, enter_with_operator};
 use super::{kubectl_ok, pod_ready, sample, REDIS_IMAGE};
+
+mod cluster;
 
 /// Keys each test writes and reads back.
 const KEYS: usize = 1000;

@@ -202,36 +202,8 @@ pub fn validate(spec: &Value) -> Vec<FieldError> {
     errs
 }
 
-/// The spec field above.
+/// The spec field above, for the CRD schema. Kept as data (users_schema.json), not code: the
+/// component must fit a ConfigMap.
 pub fn schema() -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert(
-        "users".into(),
-        json!({
-            "type": "array",
-            "description": "ACL users besides default (the operator's own, whose password is in the \
-                <name>-credentials Secret). Each user's password is generated into the Secret \
-                <name>-user-<user> (keys password and username). A user starts with no key and no \
-                command: keys and commands grant them. Adding, removing or changing a user rolls \
-                the pods; a rotated password is taken at each pod's next start.",
-            "items": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {
-                    "name": { "type": "string", "description": "Lower-case letters, digits and dashes; not default." },
-                    "keys": {
-                        "type": "array",
-                        "items": { "type": "string" },
-                        "description": "Key patterns the user may touch, e.g. app:* (ACL ~app:*).",
-                    },
-                    "commands": {
-                        "type": "array",
-                        "items": { "type": "string" },
-                        "description": "Command rules in order, e.g. +get, +set, +@read, -flushall.",
-                    },
-                },
-            },
-        }),
-    );
-    m
+    serde_json::from_str(include_str!("users_schema.json")).unwrap_or_default()
 }

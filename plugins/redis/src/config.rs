@@ -83,6 +83,9 @@ pub const FORBIDDEN: &[&str] = &[
     "replica-read-only",
     "cluster-enabled",
     "cluster-config-file",
+    "cluster-node-timeout",
+    "cluster-announce-ip",
+    "cluster-announce-hostname",
     "aclfile",
     "acl-pubsub-default",
     "user",
@@ -130,6 +133,13 @@ pub fn render(ctx: &Ctx) -> String {
     out.push_str(&format!("save \"{}\"\n", p.rdb.as_deref().unwrap_or("")));
     // A replica answers reads only; Sentinel makes one writable when it promotes it.
     out.push_str("replica-read-only yes\n");
+    if spec::mode(&ctx.cluster.spec.raw, ctx.cluster.spec.replicas) == spec::CLUSTER {
+        // The node's identity and its peers' last addresses, on the volume (see `cluster`).
+        out.push_str(&format!(
+            "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout {}\n",
+            crate::cluster::NODE_TIMEOUT_MS
+        ));
+    }
     // DEBUG (e.g. `DEBUG SLEEP`, how a hung master is rehearsed) from inside the pod only,
     // where whoever asks already runs in the server's container. Redis 7 has the directive.
     if redis7(ctx) {

@@ -137,10 +137,44 @@ server=$$
 exec redis-server "$here/redis.conf" --include "$auth" "$@"
 "#;
 
+/// Cluster mode, before the server starts: a node that nodes.conf (on the volume) says is a
+/// master serving slots starts again, maybe before the cluster noticed it was gone. Its data
+/// may be older than its replica's (the append-only file is synced every second at best), and
+/// the replica would drop what it has to follow it: so its replica is asked to take over first
+/// (`CLUSTER FAILOVER FORCE`: the other masters vote, the old master is not needed), and this
+/// node then joins as a replica of it. Bounded: with no replica answering, or none a master
+/// within @WAIT_S@ s, it starts as it was.
+const CLUSTER_TAKEOVER: &str = r#"nodes=/data/nodes.conf
+me=
+if [ -s "$nodes" ]; then me=$(awk '$3 ~ /myself/ && $3 ~ /master/ && NF > 8 { print $1 }' "$nodes"); fi
+if [ -n "$me" ]; then
+  for addr in $(awk -v me="$me" '$4 == me { split($2, a, "@"); print a[1] }' "$nodes"); do
+    host=${addr%:*}
+    answer=$(REDISCLI_AUTH="$REDIS_PASSWORD" timeout 3 redis-cli -h "$host" -p @PORT@ --no-auth-warning \
+      cluster failover force 2>/dev/null | head -n 1) || answer=
+    echo "stateward: this node was a master: asked its replica at $host to take over: $answer"
+    [ "$answer" = OK ] || continue
+    end=$(( $(date +%s) + @WAIT_S@ ))
+    while [ "$(date +%s)" -lt "$end" ]; do
+      role=$(REDISCLI_AUTH="$REDIS_PASSWORD" timeout 3 redis-cli -h "$host" -p @PORT@ --no-auth-warning role 2>/dev/null | head -n 1) || role=
+      if [ "$role" = master ]; then echo "stateward: $host took over; this node follows it"; break; fi
+      sleep 1
+    done
+    break
+  done
+fi
+"#;
+
 /// Renders the script for the spec's mode; `port` is the server's.
 pub fn script(ctx: &Ctx, port: u16) -> String {
     let mode = spec::mode(&ctx.cluster.spec.raw, ctx.cluster.spec.replicas);
     let header = HEADER.replace("@NAME@", ctx.name()).replace("@MODE@", mode) + &crate::acl::script(ctx);
+    if mode == spec::CLUSTER {
+        let takeover = CLUSTER_TAKEOVER
+            .replace("@PORT@", &port.to_string())
+            .replace("@WAIT_S@", &TAKEOVER_WAIT_S.to_string());
+        return header + &takeover + STANDALONE;
+    }
     if mode != spec::REPLICATION {
         return header + STANDALONE;
     }

@@ -2,11 +2,13 @@
 //! Services (the bare name and `-master`: the master; `-replicas`: the replicas linked to it),
 //! ConfigMap with redis.conf and the entry script, credentials, PDB. `spec.mode` (see [`spec`]):
 //! a standalone server, or one master, replicas and a Sentinel in every pod that fails over
-//! (see [`sentinel`]); the plugin follows the master the Sentinels name (see [`roles`]).
+//! (see [`sentinel`]); the plugin follows the master the Sentinels name (see [`roles`]); or a
+//! Redis Cluster the plugin forms and keeps addressed (see [`cluster`]).
 
 #![forbid(unsafe_code)]
 
 pub mod acl;
+pub mod cluster;
 mod config;
 pub mod entrypoint;
 pub mod live;
@@ -74,6 +76,7 @@ impl Blueprint for Redis {
             "REDISCLI_AUTH=\"$REDIS_PASSWORD\" redis-cli -h 127.0.0.1 -p {PORT} ping | grep -qx PONG"
         );
         let users = acl::volume_and_mount(ctx);
+        let mode = spec::mode(&ctx.cluster.spec.raw, ctx.cluster.spec.replicas);
         ContainerSpec {
             image,
             // The entry script, not the image's entrypoint: the same start on every image.
@@ -119,10 +122,11 @@ impl Blueprint for Redis {
                 limit_memory: "512Mi",
             },
             termination_grace_seconds: 30,
-            parallel: false,
-            // Replication: replicas first, the master only after a switchover (see `roll`).
-            rolled_by_plugin: spec::mode(&ctx.cluster.spec.raw, ctx.cluster.spec.replicas)
-                == spec::REPLICATION,
+            // Cluster mode: the nodes start together; the plugin forms the cluster (see `cluster`).
+            parallel: mode == spec::CLUSTER,
+            // Replicas first, a master only after a switchover or failover to an updated
+            // replica (see `roll` and `cluster`).
+            rolled_by_plugin: mode != spec::STANDALONE,
             pre_stop: None,
         }
     }
@@ -165,7 +169,7 @@ impl Blueprint for Redis {
         let mut m = live::schema();
         m.insert(
             "mode".into(),
-            json!({ "type": "string", "enum": [spec::STANDALONE, spec::REPLICATION], "description": "The mode running." }),
+            json!({ "type": "string", "enum": [spec::STANDALONE, spec::REPLICATION, spec::CLUSTER], "description": "The mode running." }),
         );
         m
     }

@@ -12,7 +12,7 @@ use stateward_sdk::live::{failure, poll_exec, response, Live, LiveInput, PodView
 use stateward_sdk::{Action, Event, EventType, ExecRequest, ObjectRef, PodLabels, RequestMode};
 
 use crate::roles::{self, Info, Member, SentinelView};
-use crate::{roll, switchover};
+use crate::{cluster, roll, switchover};
 use crate::{sentinel, spec, topology};
 
 /// How often each pod is asked: the labels the Services select on follow these answers.
@@ -82,6 +82,9 @@ fn answer_of<T>(
 }
 
 pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
+    if spec::mode(&ctx.cluster.spec.raw, ctx.cluster.spec.replicas) == spec::CLUSTER {
+        return cluster_live(ctx, input, port);
+    }
     let mut live = Live::default();
     let replication = spec::mode(&ctx.cluster.spec.raw, ctx.cluster.spec.replicas) == spec::REPLICATION;
     let port = port.to_string();
@@ -144,30 +147,8 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
             if s.quorum != quorum as u64 && !pod.deleting {
                 let q = quorum.to_string();
                 let id = format!("{}-q{q}", request_id("quorum", pod));
-                live.actions.push(Action::Exec(ExecRequest {
-                    id,
-                    mode: RequestMode::Once,
-                    pod: pod.name.clone(),
-                    container: "redis".into(),
-                    command: [
-                        "redis-cli",
-                        "-h",
-                        "127.0.0.1",
-                        "-p",
-                        &sentinel_port,
-                        "--no-auth-warning",
-                        "sentinel",
-                        "set",
-                        sentinel::MASTER_NAME,
-                        "quorum",
-                        &q,
-                    ]
-                    .iter()
-                    .map(|s| (*s).to_string())
-                    .collect(),
-                    stdin: None,
-                    timeout_ms: TIMEOUT_MS,
-                }));
+                let args = ["sentinel", "set", sentinel::MASTER_NAME, "quorum", &q];
+                live.actions.push(ask_sentinel(id, &pod.name, &args));
             }
         }
         members.push(m);
@@ -303,6 +284,14 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         let masters = [d.master.as_deref(), previous].into_iter().flatten().chain(ends);
         live.hold_replicas = roll::hold_replicas(masters, ctx.cluster.spec.replicas);
         live.actions.extend(sentinel_reset(input, &members, ctx.cluster.spec.replicas));
+        let stall = failover_stall(input, &members, d.named.as_deref(), quorum);
+        if let Some(since) = stall.since_ms {
+            live.status.insert("masterDownSinceMs".into(), json!(since));
+        }
+        if let Some((action, event)) = stall.nudge {
+            live.actions.push(action);
+            live.events.push(event);
+        }
     }
     live.conditions.push(d.condition.clone());
     live.events.extend(d.events.iter().cloned());
@@ -340,19 +329,253 @@ fn sentinel_reset(input: &LiveInput, members: &[Member], replicas: i64) -> Optio
         return None;
     }
     let (pod, n) = known.into_iter().find(|(_, n)| *n > expected)?;
-    Some(Action::Exec(ExecRequest {
-        id: format!("{}-n{n}", request_id("sentinel-reset", pod)),
+    let id = format!("{}-n{n}", request_id("sentinel-reset", pod));
+    Some(ask_sentinel(id, &pod.name, &["sentinel", "reset", sentinel::MASTER_NAME]))
+}
+
+/// A one-shot `redis-cli` to the Sentinel beside the server in `pod`.
+fn ask_sentinel(id: String, pod: &str, args: &[&str]) -> Action {
+    let port = sentinel::PORT.to_string();
+    let base = ["redis-cli", "-h", "127.0.0.1", "-p", &port, "--no-auth-warning"];
+    Action::Exec(ExecRequest {
+        id,
         mode: RequestMode::Once,
-        pod: pod.name.clone(),
+        pod: pod.to_string(),
         container: "redis".into(),
-        command: ["redis-cli", "-h", "127.0.0.1", "-p", &sentinel::PORT.to_string(), "--no-auth-warning"]
-            .into_iter()
-            .map(str::to_string)
-            .chain(["sentinel", "reset", sentinel::MASTER_NAME].map(str::to_string))
-            .collect(),
+        command: base.iter().chain(args).map(|s| (*s).to_string()).collect(),
         stdin: None,
         timeout_ms: TIMEOUT_MS,
-    }))
+    })
+}
+
+/// How long forming the cluster may take (`--cluster create` waits for the nodes to agree).
+const CREATE_TIMEOUT_MS: u32 = 60_000;
+
+/// Cluster mode (see [`cluster`]): every pod's `CLUSTER INFO` and `CLUSTER NODES`, the cluster
+/// formed once, addresses repaired, role labels and status.
+fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
+    let mut live = Live::default();
+    let port = port.to_string();
+    let cli = |args: &[&str]| -> Vec<String> {
+        ["redis-cli", "-h", "127.0.0.1", "-p", &port, "--no-auth-warning"]
+            .iter()
+            .chain(args)
+            .map(|s| (*s).to_string())
+            .collect()
+    };
+    let once = |id: String, pod: &str, command: Vec<String>, timeout_ms: u32| {
+        Action::Exec(ExecRequest {
+            id,
+            mode: RequestMode::Once,
+            pod: pod.to_string(),
+            container: "redis".into(),
+            command,
+            stdin: None,
+            timeout_ms,
+        })
+    };
+    let mut members = Vec::new();
+    for pod in &input.pods {
+        let id = request_id("cluster", pod);
+        if pod.can_exec("redis") && !pod.deleting {
+            live.actions.push(Action::Exec(ExecRequest {
+                id: id.clone(),
+                mode: RequestMode::EveryMs(POLL_MS),
+                pod: pod.name.clone(),
+                container: "redis".into(),
+                command: cli(&[]),
+                // Two commands on one connection: read from stdin, one a line.
+                stdin: Some("CLUSTER INFO\nCLUSTER NODES\n".into()),
+                timeout_ms: TIMEOUT_MS,
+            }));
+        }
+        members.push(cluster::Member {
+            pod: pod.name.clone(),
+            ip: pod.ip.clone(),
+            ready: pod.ready,
+            deleting: pod.deleting,
+            outdated: input
+                .update_revision
+                .as_deref()
+                .is_some_and(|r| !pod.revision.is_empty() && pod.revision != r),
+            answer: answer_of(input.responses, &id, cluster::parse),
+        });
+    }
+    let recorded = input.status.and_then(|s| s.get("cluster"));
+    let text =
+        |k: &str| recorded.and_then(|c| c.get(k)).and_then(Value::as_str).unwrap_or_default().to_string();
+    let mut formed = recorded.and_then(|c| c.get("formed")).and_then(Value::as_bool).unwrap_or(false);
+    let mut formation_error = text("formationError");
+    // The formation's answer, while the host remembers it: its event once (status `formation`
+    // records the outcome told; `formed` may be seen from the servers before the answer).
+    let mut formation = text("formation");
+    if let Some(r) = input.responses.iter().find(|r| r.id.starts_with("cluster-create-")) {
+        // Its exit code tells (its output may be cut to the host's bound).
+        let ok = r.succeeded();
+        let answer = if ok {
+            Ok(r.stdout.clone())
+        } else {
+            let said: Vec<&str> = r.stdout.lines().rev().filter(|l| !l.trim().is_empty()).take(2).collect();
+            Err(format!("{} ({})", failure(r, "redis-cli"), said.join(" / ")))
+        };
+        let outcome = if ok { "Formed" } else { "Failed" };
+        if formation != outcome {
+            live.events.push(cluster::formed_event(&answer));
+            formation = outcome.to_string();
+        }
+        match answer {
+            Ok(_) => formed = true,
+            Err(why) => formation_error = why,
+        }
+    }
+    let (_, per_shard) = spec::cluster_shape(&ctx.cluster.spec.raw);
+    let pods = usize::try_from(ctx.cluster.spec.replicas).unwrap_or(0);
+    let d = cluster::decide(&members, formed, pods, u32::try_from(per_shard).unwrap_or(0));
+    if let Some((pod, ips)) = &d.form {
+        let uid = input.pods.iter().find(|p| &p.name == pod).map_or("", |p| p.uid.get(..8).unwrap_or(&p.uid));
+        let addresses: Vec<String> = ips.iter().map(|ip| format!("{ip}:{port}")).collect();
+        let replicas = per_shard.to_string();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addresses.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
+        live.actions.push(once(format!("cluster-create-{uid}"), pod, cli(&args), CREATE_TIMEOUT_MS));
+    }
+    match cluster::roll(&members, &d, d.formed, pods) {
+        Some(cluster::RollStep::Replace { pods, why }) => {
+            for pod in pods {
+                live.events.push(Event {
+                    type_: EventType::Normal,
+                    reason: "ReplacingPod".into(),
+                    message: format!("replacing {pod}: {why}"),
+                });
+                live.actions.push(Action::Delete(ObjectRef {
+                    api_version: "v1".into(),
+                    kind: "Pod".into(),
+                    name: pod,
+                }));
+            }
+        }
+        Some(cluster::RollStep::Failover { replica, master }) => {
+            if let Some(p) = input.pods.iter().find(|p| p.name == replica) {
+                let id = format!("{}-{master}", request_id("cluster-failover", p));
+                if response(input.responses, &id).is_none() {
+                    live.events.push(Event {
+                        type_: EventType::Normal,
+                        reason: "FailingOverShard".into(),
+                        message: format!("{replica} takes over from {master}, which is on an old revision (CLUSTER FAILOVER)"),
+                    });
+                }
+                live.actions.push(once(id, &replica, cli(&["cluster", "failover"]), TIMEOUT_MS));
+            }
+        }
+        None => {}
+    }
+    for (pod, ip) in &d.meets {
+        let Some(p) = input.pods.iter().find(|p| &p.name == pod) else { continue };
+        let id = format!("{}-{ip}", request_id("cluster-meet", p));
+        live.actions.push(once(id, pod, cli(&["cluster", "meet", ip, &port]), TIMEOUT_MS));
+    }
+    for (pod, role) in &d.roles {
+        live.actions.push(Action::LabelPod(PodLabels {
+            pod: pod.clone(),
+            labels: vec![(ROLE_LABEL.to_string(), role.map(str::to_string))],
+            annotations: Vec::new(),
+        }));
+    }
+    let mut status = json!({
+        "formed": d.formed,
+        "state": d.state,
+        "slotsAssigned": d.slots_assigned,
+        "slotsOk": d.slots_ok,
+        "shards": d.shards.iter().map(|s| json!({ "master": s.master, "slots": s.slots, "replicas": s.replicas })).collect::<Vec<_>>(),
+    });
+    if !formation.is_empty() {
+        status["formation"] = json!(formation);
+    }
+    if !formation_error.is_empty() && !formed {
+        status["formationError"] = json!(formation_error);
+    }
+    live.status.insert("cluster".into(), status);
+    let instances = members
+        .iter()
+        .zip(&d.roles)
+        .map(|(m, (_, role))| match &m.answer {
+            Some(Ok(v)) => {
+                let me = v.myself().cloned().unwrap_or_default();
+                json!({ "pod": m.pod, "role": role.unwrap_or("none"), "nodeId": me.id, "slots": me.slots,
+                        "serverRole": if me.master { "master" } else { "slave" } })
+            }
+            Some(Err(e)) => json!({ "pod": m.pod, "error": e }),
+            None => json!({ "pod": m.pod, "error": "no answer yet" }),
+        })
+        .collect();
+    live.conditions.push(d.condition.clone());
+    live.events.extend(d.events.iter().cloned());
+    if input.pods.is_empty() {
+        return live;
+    }
+    live.checked(input, MEMORY, &[], instances, POLL_MS)
+}
+
+/// How long a quorum of Sentinels may see the master objectively down with none of them
+/// failing over before the plugin asks one to (see [`failover_stall`]).
+pub const FAILOVER_STALL_MS: u64 = 3_000;
+
+/// What [`failover_stall`] decided.
+pub struct Stall {
+    /// Since when the master has been seen down with no failover under way (for status).
+    pub since_ms: Option<u64>,
+    /// `SENTINEL FAILOVER` to one Sentinel, and the event saying why.
+    pub nudge: Option<(Action, Event)>,
+}
+
+/// Sentinels elect one of them to fail over. When every one of them starts an election at
+/// once, each votes for itself, nobody wins, and Sentinel's rule is to try again only after
+/// twice the failover timeout: two minutes without a master (seen on this machine with a hung
+/// master, whose own Sentinel also runs). So once a quorum of the Sentinels that answer sees
+/// the master they name objectively down (`o_down`), none of them is failing over, and that
+/// has lasted [`FAILOVER_STALL_MS`] (status `masterDownSinceMs`), the Sentinel of another pod
+/// is asked `SENTINEL FAILOVER`: the failover the winner of the election would have made, on
+/// the same agreement that the master is down. Once per episode.
+pub fn failover_stall(input: &LiveInput, members: &[Member], named: Option<&str>, quorum: i64) -> Stall {
+    let none = Stall { since_ms: None, nudge: None };
+    let Some(named) = named else { return none };
+    let views: Vec<(&PodView, &SentinelView)> = input
+        .pods
+        .iter()
+        .zip(members)
+        .filter_map(|(p, m)| Some((p, m.sentinel.as_ref()?.as_ref().ok()?)))
+        .collect();
+    let flag = |s: &SentinelView, f: &str| s.flags.split(',').any(|x| x == f);
+    let down = views
+        .iter()
+        .filter(|(_, s)| roles::pod_of(&s.master_host, members) == Some(named) && flag(s, "o_down"))
+        .count();
+    let failing_over = views.iter().any(|(_, s)| flag(s, "failover_in_progress"));
+    if failing_over || i64::try_from(down).map_or(true, |d| d < quorum) {
+        return none;
+    }
+    let since =
+        input.status.and_then(|s| s.get("masterDownSinceMs")).and_then(Value::as_u64).unwrap_or(input.now_ms);
+    let mut stall = Stall { since_ms: Some(since), nudge: None };
+    if input.now_ms < since + FAILOVER_STALL_MS {
+        return stall;
+    }
+    let Some((pod, _)) = views.iter().find(|(p, _)| p.name != named && !p.deleting) else { return stall };
+    let id = format!("sentinel-failover-{named}-{since}");
+    let action = ask_sentinel(id, &pod.name, &["sentinel", "failover", sentinel::MASTER_NAME]);
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "FailoverStalled".into(),
+        message: format!(
+            "{down} Sentinels see {named} down for {} ms and none fails over (a split election waits minutes): \
+             asking the Sentinel of {} to fail over",
+            input.now_ms - since,
+            pod.name
+        ),
+    };
+    stall.nudge = Some((action, event));
+    stall
 }
 
 /// The pods as the roll sees them: their readiness, revision and the role just decided.
@@ -415,76 +638,11 @@ fn sentinel_status(m: &Member) -> Value {
     }
 }
 
-/// The status fields above, for the CRD schema.
+/// The status fields above, for the CRD schema. Kept as data (status_schema.json), not code:
+/// built with `json!` it was the largest function of the component, which must fit a ConfigMap.
 pub fn schema() -> serde_json::Map<String, Value> {
-    let mut m = serde_json::Map::new();
-    let int = json!({ "type": "integer", "format": "int64" });
-    let string = json!({ "type": "string" });
-    m.insert(
-        "master".into(),
-        json!({
-            "type": "string",
-            "description": "The pod last confirmed as the master: named by the Sentinels and answering as a master (behind the -master Service).",
-        }),
-    );
-    m.insert(
-        "instances".into(),
-        json!({
-            "type": "array",
-            "description": "Each instance as its server answered (redis-cli info), not as assumed.",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "pod": string,
-                    "role": { "type": "string", "description": "master, replica (linked to the master) or none: its role label." },
-                    "serverRole": { "type": "string", "description": "What the server says it is (master or slave)." },
-                    "masterHost": string,
-                    "linkStatus": { "type": "string", "enum": ["up", "down"] },
-                    "offset": int,
-                    "lagBytes": { "type": "integer", "format": "int64", "description": "Bytes of the master's replication stream a replica has not processed." },
-                    "connectedReplicas": int,
-                    "usedMemoryBytes": int,
-                    "maxmemoryBytes": int,
-                    "error": string,
-                },
-            },
-        }),
-    );
-    m.insert(
-        "sentinels".into(),
-        json!({
-            "type": "array",
-            "description": "Each pod's Sentinel (replication mode): the master it names.",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "pod": string,
-                    "master": string,
-                    "flags": string,
-                    "otherSentinels": int,
-                    "quorum": int,
-                    "error": string,
-                },
-            },
-        }),
-    );
-    m.insert(
-        "switchover".into(),
-        json!({
-            "type": "object",
-            "description": "The last switchover asked for with the stateward.dev/switchover-to annotation.",
-            "properties": {
-                "asked": { "type": "string", "description": "The annotation's value acted upon last." },
-                "to": { "type": "string", "description": "The replica switched over to." },
-                "from": { "type": "string", "description": "The master when it was asked." },
-                "phase": { "type": "string", "enum": ["Preparing", "Pausing", "FailingOver", "Done", "Refused", "Failed"] },
-                "message": string,
-                "startedAtMs": int,
-                "preparedAtMs": int,
-                "pausedAtMs": int,
-            },
-        }),
-    );
+    let mut m: serde_json::Map<String, Value> =
+        serde_json::from_str(include_str!("status_schema.json")).unwrap_or_default();
     m.insert("health".into(), stateward_sdk::live::health_schema());
     m
 }

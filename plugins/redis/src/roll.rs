@@ -41,7 +41,7 @@ pub enum Step {
 }
 
 /// The pod's ordinal in the StatefulSet (`<name>-<n>`).
-fn ordinal(pod: &str) -> Option<i64> {
+pub(crate) fn ordinal(pod: &str) -> Option<i64> {
     pod.rsplit_once('-')?.1.parse().ok()
 }
 

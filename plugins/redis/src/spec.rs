@@ -1,5 +1,5 @@
-//! The Redis-specific part of the spec: `mode`, `sentinel` and `persistence` (their defaults,
-//! schema and checks).
+//! The Redis-specific part of the spec: `mode`, `sentinel`, `cluster` and `persistence` (their
+//! defaults, schema and checks).
 //!
 //! `mode` defaults to `replication` when `spec.replicas` is above 1 and to `standalone`
 //! otherwise, so a spec written before the field existed keeps its meaning. Replication needs
@@ -7,15 +7,28 @@
 //! and once the master's pod is gone its Sentinel is gone too, while electing the Sentinel that
 //! performs the failover takes a majority of all of them.
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use stateward_sdk::FieldError;
 
 /// One server, no replica, no Sentinel.
 pub const STANDALONE: &str = "standalone";
 /// One master, replicas of it, and a Sentinel in every pod.
 pub const REPLICATION: &str = "replication";
-/// Redis Cluster: known, not supported yet.
+/// Redis Cluster: `cluster.shards` masters with `cluster.replicasPerShard` replicas each.
 pub const CLUSTER: &str = "cluster";
+
+/// Fewest masters of a Redis Cluster: a failed master is voted out by a majority of masters,
+/// so with fewer than 3 the loss of one leaves no majority.
+pub const MIN_SHARDS: i64 = 3;
+pub const MAX_SHARDS: i64 = 100;
+pub const MAX_REPLICAS_PER_SHARD: i64 = 5;
+pub const DEFAULT_REPLICAS_PER_SHARD: i64 = 1;
+
+/// `spec.cluster`: (shards, replicas per shard), defaults filled in (0 shards: not set).
+pub fn cluster_shape(spec: &Value) -> (i64, i64) {
+    let field = |f: &str| spec.pointer(&format!("/cluster/{f}")).and_then(Value::as_i64);
+    (field("shards").unwrap_or(0), field("replicasPerShard").unwrap_or(DEFAULT_REPLICAS_PER_SHARD))
+}
 
 /// Fewest pods for replication mode (see the module's comment).
 pub const MIN_REPLICATION_PODS: i64 = 3;
@@ -98,62 +111,11 @@ fn save_problem(save: &str) -> Option<String> {
     None
 }
 
-/// The spec fields above.
+/// The spec fields above, for the CRD schema. Kept as data (spec_schema.json), not code: the
+/// component must fit a ConfigMap. The numbers its descriptions give are this module's
+/// constants (a unit test holds them together).
 pub fn schema() -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert(
-        "mode".into(),
-        json!({
-            "type": "string",
-            "description": "standalone: one server. replication: one master, replicas of it, and a Sentinel \
-                in every pod that fails over to a replica when the master is lost (at least 3 pods). \
-                cluster: not supported yet. Default: replication when replicas > 1, else standalone. \
-                Fixed at creation.",
-        }),
-    );
-    m.insert(
-        "sentinel".into(),
-        json!({
-            "type": "object",
-            "description": "The Sentinels of replication mode (one per pod).",
-            "properties": {
-                "quorum": {
-                    "type": "integer",
-                    "description": "Sentinels that must agree the master is down before a failover starts \
-                        (the failover itself is always authorized by a majority). From 1 to spec.replicas; \
-                        default a majority of spec.replicas.",
-                },
-                "downAfterMilliseconds": {
-                    "type": "integer",
-                    "description": format!(
-                        "How long the master may not answer before a Sentinel thinks it down. From \
-                         {MIN_DOWN_AFTER_MS} to {MAX_DOWN_AFTER_MS}; default {DEFAULT_DOWN_AFTER_MS}."
-                    ),
-                },
-            },
-        }),
-    );
-    m.insert(
-        "persistence".into(),
-        json!({
-            "type": "object",
-            "description": "How the data reaches the volume.",
-            "properties": {
-                "aof": {
-                    "type": "string",
-                    "description": "The append-only file and how often it is synced: everysec (default: \
-                        a restart loses at most one second of writes), always, no (the kernel decides), \
-                        or off (no append-only file).",
-                },
-                "rdb": {
-                    "type": "string",
-                    "description": "RDB snapshot points as \"<seconds> <changes>\" pairs (e.g. \"3600 1 300 100\"); \
-                        empty or absent: no snapshots.",
-                },
-            },
-        }),
-    );
-    m
+    serde_json::from_str(include_str!("spec_schema.json")).unwrap_or_default()
 }
 
 /// Checks of the fields above; `replicas` is `spec.replicas`.
@@ -182,11 +144,14 @@ pub fn validate(spec: &Value, replicas: i64) -> Vec<FieldError> {
             ),
         )),
         REPLICATION => {}
-        CLUSTER => errs.push(FieldError::new("spec.mode", "cluster mode is not supported yet")),
+        CLUSTER => errs.extend(validate_cluster(spec, replicas)),
         other => errs.push(FieldError::new(
             "spec.mode",
-            format!("{other:?} is not one of standalone, replication (cluster: not supported yet)"),
+            format!("{other:?} is not one of standalone, replication, cluster"),
         )),
+    }
+    if mode != CLUSTER && spec.get("cluster").is_some_and(|c| !c.is_null()) {
+        errs.push(FieldError::new("spec.cluster", format!("is for cluster mode only, not {mode}")));
     }
     if let Some(s) = spec.get("sentinel").filter(|v| !v.is_null()) {
         if mode != REPLICATION {
@@ -247,6 +212,66 @@ pub fn validate(spec: &Value, replicas: i64) -> Vec<FieldError> {
     errs
 }
 
+/// `spec.cluster` in cluster mode: its two numbers in range, and `spec.replicas` the pods they
+/// make.
+fn validate_cluster(spec: &Value, replicas: i64) -> Vec<FieldError> {
+    let mut errs = Vec::new();
+    let number = |f: &str| spec.pointer(&format!("/cluster/{f}")).filter(|v| !v.is_null());
+    let shards = match number("shards") {
+        None => {
+            errs.push(FieldError::new(
+                "spec.cluster.shards",
+                format!("is required in cluster mode: the number of masters, {MIN_SHARDS} to {MAX_SHARDS}"),
+            ));
+            None
+        }
+        Some(v) => match v.as_i64() {
+            Some(n) if (MIN_SHARDS..=MAX_SHARDS).contains(&n) => Some(n),
+            _ => {
+                errs.push(FieldError::new(
+                    "spec.cluster.shards",
+                    format!(
+                        "{v} is not a whole number from {MIN_SHARDS} to {MAX_SHARDS}: a failed master is voted out by a \
+                         majority of masters, which fewer than {MIN_SHARDS} do not have after losing one"
+                    ),
+                ));
+                None
+            }
+        },
+    };
+    let per = match number("replicasPerShard") {
+        None => Some(DEFAULT_REPLICAS_PER_SHARD),
+        Some(v) => match v.as_i64() {
+            Some(n) if (0..=MAX_REPLICAS_PER_SHARD).contains(&n) => Some(n),
+            _ => {
+                errs.push(FieldError::new(
+                    "spec.cluster.replicasPerShard",
+                    format!("{v} is not a whole number from 0 to {MAX_REPLICAS_PER_SHARD}"),
+                ));
+                None
+            }
+        },
+    };
+    if let Some(o) = spec.get("cluster").and_then(Value::as_object) {
+        for key in o.keys().filter(|k| *k != "shards" && *k != "replicasPerShard") {
+            errs.push(FieldError::new(
+                format!("spec.cluster.{key}"),
+                "is not a field of spec.cluster (shards, replicasPerShard)",
+            ));
+        }
+    }
+    if let (Some(s), Some(p)) = (shards, per) {
+        let pods = s * (1 + p);
+        if replicas != pods {
+            errs.push(FieldError::new(
+                "spec.replicas",
+                format!("is {replicas}, but {s} shards × (1 master + {p} replicas) are {pods} pods: set spec.replicas to {pods}"),
+            ));
+        }
+    }
+    errs
+}
+
 /// A running server's mode is fixed: moving data between a lone server, a replicated set and a
 /// Redis Cluster is a migration, not a change of field.
 pub fn validate_update(
@@ -260,6 +285,16 @@ pub fn validate_update(
         return vec![FieldError::new(
             "spec.mode",
             format!("is fixed at creation ({o}); it cannot become {n} (migrate to a new resource)"),
+        )];
+    }
+    let (new_shape, old_shape) = (cluster_shape(new_spec), cluster_shape(old_spec));
+    if n == CLUSTER && new_shape != old_shape {
+        return vec![FieldError::new(
+            "spec.cluster",
+            format!(
+                "is fixed at creation ({} shards × {} replicas): scaling a Redis Cluster (moving slots) is not supported yet",
+                old_shape.0, old_shape.1
+            ),
         )];
     }
     Vec::new()

@@ -2,11 +2,13 @@
 
 use serde_json::{json, Value};
 use stateward_sdk::testkit as tk;
+use stateward_sdk::ConditionStatus;
 use stateward_sdk::Service;
 
 use super::Redis;
 
 mod acl;
+mod cluster;
 mod roles;
 mod roll;
 mod scripts;
@@ -60,4 +62,32 @@ fn managed_directives_cannot_be_overridden() {
         paths,
         ["spec.parameters.appendonly", "spec.parameters.rename-command", "spec.parameters.requirepass"]
     );
+}
+
+#[test]
+fn the_schemas_kept_as_data_parse() {
+    let status = crate::live::schema();
+    for key in ["master", "instances", "sentinels", "switchover", "cluster", "health"] {
+        assert!(status.contains_key(key), "status schema has {key}: {:?}", status.keys());
+    }
+    assert_eq!(crate::acl::schema()["users"]["type"], "array");
+}
+
+#[test]
+fn the_spec_schema_states_the_limits_the_checks_apply() {
+    use crate::spec::*;
+    let s = Value::Object(schema());
+    let text = |p: &str| s.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
+    let down = text("/sentinel/properties/downAfterMilliseconds/description");
+    for n in [MIN_DOWN_AFTER_MS, MAX_DOWN_AFTER_MS, DEFAULT_DOWN_AFTER_MS] {
+        assert!(down.contains(&n.to_string()), "{down}");
+    }
+    let shards = text("/cluster/properties/shards/description");
+    assert!(shards.contains(&format!("{MIN_SHARDS} to {MAX_SHARDS}")), "{shards}");
+    let per = text("/cluster/properties/replicasPerShard/description");
+    assert!(
+        per.contains(&format!("0 to {MAX_REPLICAS_PER_SHARD}; default {DEFAULT_REPLICAS_PER_SHARD}")),
+        "{per}"
+    );
+    assert!(text("/mode/description").contains("cluster"));
 }

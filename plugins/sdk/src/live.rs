@@ -28,6 +28,8 @@ pub struct PodView {
     pub deleting: bool,
     /// The StatefulSet revision the Pod was made from (`controller-revision-hash`).
     pub revision: String,
+    /// `status.podIP` (empty before it has one).
+    pub ip: String,
 }
 
 impl PodView {
@@ -70,7 +72,8 @@ pub fn pods(children: &[Value]) -> Vec<PodView> {
             let revision = str_at(p, &["metadata", "labels", "controller-revision-hash"])
                 .unwrap_or_default()
                 .to_string();
-            Some(PodView { name, uid, ready, running, restarts, deleting, revision })
+            let ip = str_at(p, &["status", "podIP"]).unwrap_or_default().to_string();
+            Some(PodView { name, uid, ready, running, restarts, deleting, revision, ip })
         })
         .collect();
     pods.sort_by(|a, b| a.name.cmp(&b.name));

@@ -376,56 +376,11 @@ pub fn check_dns_subdomain(s: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The CRD schema of `spec.scheduling` (the same in every version).
+/// The CRD schema of `spec.scheduling` (the same in every version). Kept as data
+/// (scheduling_schema.json), not code: every plugin carries it and must fit a ConfigMap. Its
+/// limits are this module's constants (a unit test holds them together).
 pub fn schema() -> Value {
-    let open = |description: &str| {
-        json!({
-            "type": "object",
-            "x-kubernetes-preserve-unknown-fields": true,
-            "description": description,
-        })
-    };
-    json!({
-        "type": "object",
-        "description": "Where the members run: copied to the pod template.",
-        "properties": {
-            "nodeSelector": {
-                "type": "object",
-                "maxProperties": MAX_ENTRIES,
-                "additionalProperties": { "type": "string" },
-                "description": "Node labels a member's node must have.",
-            },
-            "tolerations": {
-                "type": "array",
-                "maxItems": MAX_ENTRIES,
-                "description": "Taints the members tolerate. Control-plane taints need the policy's consent.",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "key": { "type": "string" },
-                        "operator": { "type": "string", "enum": ["Exists", "Equal"] },
-                        "value": { "type": "string" },
-                        "effect": { "type": "string", "enum": EFFECTS },
-                        "tolerationSeconds": { "type": "integer", "format": "int64" },
-                    },
-                },
-            },
-            "affinity": {
-                "type": "object",
-                "description": "Node affinity and pod (anti-)affinity, as in a pod spec.",
-                "properties": {
-                    "nodeAffinity": open("As in a pod spec."),
-                    "podAffinity": open("As in a pod spec."),
-                    "podAntiAffinity": open("As in a pod spec."),
-                },
-            },
-            "priorityClassName": {
-                "type": "string",
-                "maxLength": 253,
-                "description": "PriorityClass of the members. System classes need the policy's consent.",
-            },
-        },
-    })
+    serde_json::from_str(include_str!("scheduling_schema.json")).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -538,5 +493,13 @@ mod tests {
         for bad in ["a..b", ".a", "a-", "A", "a_b"] {
             assert!(check_dns_subdomain(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_schema_kept_as_data_states_the_limits_parse_applies() {
+        let s = schema();
+        assert_eq!(s.pointer("/properties/nodeSelector/maxProperties"), Some(&json!(MAX_ENTRIES)));
+        assert_eq!(s.pointer("/properties/tolerations/maxItems"), Some(&json!(MAX_ENTRIES)));
+        assert_eq!(s.pointer("/properties/tolerations/items/properties/effect/enum"), Some(&json!(EFFECTS)));
     }
 }

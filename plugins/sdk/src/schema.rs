@@ -133,50 +133,12 @@ pub fn spec_v1alpha1(extra: &Map<String, Value>) -> Value {
 /// The status schema; `extra` adds the service's own fields (e.g. currentPrimary).
 pub fn status(extra: &Map<String, Value>) -> Value {
     let phases: Vec<&str> = Phase::ALL.iter().map(|p| p.as_str()).collect();
-    let mut p = Map::new();
+    // The fields every plugin's status has, kept as data (status_properties.json), not code:
+    // every plugin carries them and must fit a ConfigMap. Among them `requests`, the host's
+    // durable record of one-shot requests (WIT 0.2), which must survive pruning.
+    let mut p: Map<String, Value> =
+        serde_json::from_str(include_str!("status_properties.json")).unwrap_or_default();
     p.insert("phase".into(), json!({ "type": "string", "enum": phases }));
-    p.insert("observedGeneration".into(), json!({ "type": "integer", "format": "int64" }));
-    p.insert("readyReplicas".into(), json!({ "type": "integer", "format": "int32" }));
-    p.insert("plugin".into(), json!({ "type": "string", "description": "name@version of the plugin." }));
-    p.insert("pluginDigest".into(), json!({ "type": "string", "description": "sha256 digest of the plugin build that wrote this status." }));
-    p.insert(
-        "conditions".into(),
-        json!({
-            "type": "array",
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["type"],
-            "items": {
-                "type": "object",
-                "required": ["type", "status"],
-                "properties": {
-                    "type": { "type": "string" },
-                    "status": { "type": "string", "enum": ["True", "False", "Unknown"] },
-                    "reason": { "type": "string" },
-                    "message": { "type": "string" },
-                    "lastTransitionTime": { "type": "string", "format": "date-time" },
-                    "observedGeneration": { "type": "integer", "format": "int64" },
-                },
-            },
-        }),
-    );
-    // The host's durable record of one-shot requests (WIT 0.2): it must survive pruning.
-    p.insert(
-        "requests".into(),
-        json!({
-            "type": "object",
-            "description": "One-shot requests the operator sent to the running service, by id; each is sent at most once.",
-            "additionalProperties": {
-                "type": "object",
-                "properties": {
-                    "state": { "type": "string", "enum": ["Sent", "Answered"] },
-                    "sentAtMs": { "type": "integer", "format": "int64" },
-                    "code": { "type": "integer", "format": "int32" },
-                    "error": { "type": "string" },
-                    "durationMs": { "type": "integer", "format": "int64" },
-                },
-            },
-        }),
-    );
     for (k, v) in extra {
         p.insert(k.clone(), v.clone());
     }

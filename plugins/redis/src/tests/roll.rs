@@ -159,6 +159,16 @@ fn observed(status: serde_json::Value) -> stateward_sdk::Observed {
 
 /// [`observed`] with the pods' revision and the number of other Sentinels each Sentinel knows.
 fn observed_with(status: serde_json::Value, rev: &str, others: &[u64; 3]) -> stateward_sdk::Observed {
+    observed_flags(status, rev, others, "master")
+}
+
+/// [`observed_with`] with the flags every Sentinel gives the master.
+fn observed_flags(
+    status: serde_json::Value,
+    rev: &str,
+    others: &[u64; 3],
+    flags: &str,
+) -> stateward_sdk::Observed {
     use super::*;
     let mut cr = tk::cr("RedisCluster", "cache", spec());
     cr["status"] = status;
@@ -168,7 +178,7 @@ fn observed_with(status: serde_json::Value, rev: &str, others: &[u64; 3]) -> sta
     let mut o = tk::observed(&cr, &children);
     let id = |kind: &str, i: usize| format!("{kind}-cache-{i}-cache-{i}--r0");
     let sentinel = |n: u64| {
-        format!("name\nprimary\nip\ncache-0.cache-headless\nport\n6379\nflags\nmaster\nnum-other-sentinels\n{n}\nquorum\n2\n")
+        format!("name\nprimary\nip\ncache-0.cache-headless\nport\n6379\nflags\n{flags}\nnum-other-sentinels\n{n}\nquorum\n2\n")
     };
     o.responses.push(answer(
         id("info", 0),
@@ -255,4 +265,45 @@ fn after_a_scale_in_each_sentinel_that_knows_removed_ones_is_reset_one_at_a_time
     assert_eq!(resets(&[2, 4, 4]).first().map(|r| r.0.as_str()), Some("cache-1"));
     // Every Sentinel knows exactly the others that run: nothing.
     assert_eq!(resets(&[2, 2, 2]), []);
+}
+
+#[test]
+fn a_failover_no_sentinel_starts_is_asked_of_one_after_the_stall() {
+    use stateward_sdk::{Action, Service};
+    const NOW: u64 = 1_700_000_000_000;
+    let run = |status: serde_json::Value, flags: &str| {
+        let p = super::Redis::reconcile(observed_flags(status, "new", &[2, 2, 2], flags)).unwrap();
+        let asked: Vec<String> = p
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Exec(e)
+                    if e.command.ends_with(&["sentinel".into(), "failover".into(), "primary".into()]) =>
+                {
+                    Some(e.pod.clone())
+                }
+                _ => None,
+            })
+            .collect();
+        (asked, p.status.extra.clone(), p.events.clone())
+    };
+    use super::*;
+    // Seen down just now: the time is recorded, nothing asked yet.
+    let (asked, status, _) = run(json!({ "master": "cache-0" }), "s_down,o_down,master");
+    assert!(asked.is_empty());
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["masterDownSinceMs"], json!(NOW));
+    // Down for longer than the stall with nobody failing over: the Sentinel of another pod.
+    let since = NOW - crate::live::FAILOVER_STALL_MS;
+    let (asked, _, events) =
+        run(json!({ "master": "cache-0", "masterDownSinceMs": since }), "s_down,o_down,master");
+    assert_eq!(asked, ["cache-1"]);
+    assert!(events.iter().any(|e| e.reason == "FailoverStalled"), "{events:?}");
+    // A Sentinel failing over, or the master not objectively down: nothing, and no time kept.
+    for flags in ["s_down,o_down,master,failover_in_progress", "s_down,master", "master"] {
+        let (asked, status, _) = run(json!({ "master": "cache-0", "masterDownSinceMs": since }), flags);
+        assert!(asked.is_empty(), "{flags}");
+        let status: Value = serde_json::from_str(&status).unwrap();
+        assert!(status.get("masterDownSinceMs").is_none(), "{flags}: {status}");
+    }
 }

@@ -33,8 +33,12 @@ fn the_sample_spec_is_valid() {
 
 #[test]
 fn modes() {
-    assert_refused(with(json!({ "mode": "cluster" })), "spec.mode", "not supported yet");
-    assert_refused(with(json!({ "mode": "sharded" })), "spec.mode", "is not one of standalone, replication");
+    assert_refused(with(json!({ "mode": "cluster" })), "spec.cluster.shards", "is required in cluster mode");
+    assert_refused(
+        with(json!({ "mode": "sharded" })),
+        "spec.mode",
+        "is not one of standalone, replication, cluster",
+    );
     assert_refused(with(json!({ "mode": "standalone" })), "spec.mode", "standalone is one server");
     assert_refused(with(json!({ "mode": "replication", "replicas": 2 })), "spec.mode", "at least 3");
     assert_refused(with(json!({ "mode": 3 })), "spec.mode", "is not a string");

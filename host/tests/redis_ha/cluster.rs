@@ -1,0 +1,201 @@
+//! Must show 2: cluster mode, 3 shards × 1 replica. The plugin forms the cluster (all 16384
+//! slots), 1000 keys spread over every shard; a master's pod deleted → its replica takes over
+//! within 20 s with every key; all three masters deleted at once (no master is left to vote a
+//! replica in: they come back from their volumes) → ok again with every key; all
+//! six pods deleted at once (every address changes, so no node can find another by itself) →
+//! ok again with every key, the plugin's `CLUSTER MEET` reconnecting them.
+
+use super::*;
+
+/// The cluster's shards as status has them: (master, replicas), by master.
+fn shards(cr: &Value) -> Vec<(String, Vec<String>)> {
+    cr.pointer("/status/cluster/shards")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            let replicas = s["replicas"].as_array().into_iter().flatten();
+            (
+                s["master"].as_str().unwrap_or_default().to_string(),
+                replicas.filter_map(Value::as_str).map(str::to_string).collect(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until status says the cluster is formed and ok (every slot served), with 3 shards of 1
+/// replica each, every pod Ready and of the current revision, and `shop` selecting exactly the
+/// masters; the shards and how long it took.
+async fn wait_cluster_ok(
+    env: &TestEnv,
+    what: &str,
+    timeout: Duration,
+) -> (Vec<(String, Vec<String>)>, Duration) {
+    let api = REDIS.api(env);
+    wait_for(&format!("shop: {what}: cluster ok, 3 shards × 1 replica"), timeout, || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, "shop").await.ok_or("CR not found")?;
+            let c = cr.pointer("/status/cluster").cloned().unwrap_or(Value::Null);
+            let sh = shards(&cr);
+            let pods = super::super::pg_ha::pods(env, "shop").await;
+            let out = super::super::kubectl_in(env, &["get", "statefulset", "shop", "-o", "json"]);
+            let sts: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            let rolled =
+                sts["status"]["updatedReplicas"] == json!(6) && sts["status"]["readyReplicas"] == json!(6);
+            let masters: BTreeSet<String> = sh.iter().map(|s| s.0.clone()).collect();
+            let eps = endpoints(env, "shop").await;
+            let ok = c["formed"] == json!(true)
+                && c["state"] == "ok"
+                && c["slotsOk"] == json!(16384)
+                && sh.len() == 3
+                && sh.iter().all(|s| s.1.len() == 1)
+                && pods.len() == 6
+                && pods.iter().all(|p| p.ready && !p.deleting)
+                && rolled
+                && eps == masters;
+            if ok {
+                Ok(sh)
+            } else {
+                Err(format!("cluster {c}; sts rolled {rolled}; shop endpoints {eps:?}; {}", summary(&cr)))
+            }
+        }
+    })
+    .await
+}
+
+/// Keys `key:1..=KEYS` of `values` read back with `-c` through `shop` (redirections followed).
+fn cluster_keys_readable(env: &TestEnv) -> usize {
+    let out = client_sh(
+        env,
+        &format!(
+            "seq 1 {KEYS} | sed 's/.*/GET key:&/' | redis-cli -c -h shop 2>&1 | grep '^val:' > /tmp/got; \
+             seq 1 {KEYS} | sed 's/.*/val:&/' > /tmp/want; sort /tmp/got > /tmp/got.s; sort /tmp/want > /tmp/want.s; \
+             comm -12 /tmp/want.s /tmp/got.s | wc -l"
+        ),
+    );
+    out.trim().parse().unwrap_or_else(|_| panic!("a count of keys: {out:?}"))
+}
+
+/// Tries `SET <key> x` through `shop` every 100 ms (each bounded to 1 s) for at most `limit_s`;
+/// when it was first acknowledged (ms since the epoch).
+fn first_cluster_write(env: &TestEnv, key: &str, limit_s: u64) -> Option<u64> {
+    let out = client_sh(
+        env,
+        &format!(
+            "end=$(( $(date +%s) + {limit_s} )); while [ $(date +%s) -lt $end ]; do \
+               if timeout 1 redis-cli -c -h shop SET {key} x 2>/dev/null | grep -qx OK; then date +%s%3N; exit 0; fi; \
+               sleep 0.1; done; echo none"
+        ),
+    );
+    out.trim().parse().ok()
+}
+
+#[tokio::test]
+async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() {
+    let Some((env, op)) = enter_with_operator(
+        "redis_ha::cluster::cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted",
+        "rp-rclu",
+        "realpods-rclu",
+    )
+    .await
+    else {
+        return;
+    };
+    let mut cr = sample("RedisCluster", "shop", REDIS_IMAGE, 6);
+    cr["spec"]["mode"] = json!("cluster");
+    cr["spec"]["cluster"] = json!({ "shards": 3, "replicasPerShard": 1 });
+    let created = Instant::now();
+    e2e::apply(&env, &env.namespace, &cr);
+    super::super::apply_json(&env, &[client_pod("shop", &[])]);
+    let (sh, _) = wait_cluster_ok(&env, "formation", Duration::from_secs(300)).await;
+    let formed = created.elapsed();
+    pod_ready(&env, "client", Duration::from_secs(60)).await;
+    // Replicas follow masters on other pods.
+    assert!(sh.iter().all(|(m, r)| !r.contains(m)), "{sh:?}");
+    let written = client_sh(
+        &env,
+        &format!(
+            "seq 1 {KEYS} | sed 's/.*/SET key:& val:&/' | redis-cli -c -h shop >/tmp/set.out 2>&1; grep -c '^OK$' /tmp/set.out"
+        ),
+    );
+    assert_eq!(written.trim(), KEYS.to_string(), "SETs acknowledged through shop with -c");
+    let per_master: Vec<(String, usize)> = sh
+        .iter()
+        .map(|(m, _)| {
+            let n = client_sh(&env, &format!("redis-cli -h {m}.shop-headless DBSIZE"));
+            (m.clone(), n.trim().parse().unwrap_or(0))
+        })
+        .collect();
+    eprintln!("realpods-redis: cluster formed {formed:.1?} after create: shards {sh:?}; keys per master {per_master:?}");
+    assert!(per_master.iter().all(|(_, n)| *n > 0), "every shard holds keys: {per_master:?}");
+    assert_eq!(per_master.iter().map(|(_, n)| n).sum::<usize>(), KEYS);
+    assert_eq!(cluster_keys_readable(&env), KEYS);
+
+    // One master's pod deleted: its replica takes over.
+    let (victim, heir) = (sh[0].0.clone(), sh[0].1[0].clone());
+    let key = client_sh(&env, &format!("redis-cli -h {victim}.shop-headless RANDOMKEY"));
+    let key = key.trim().to_string();
+    assert!(key.starts_with("key:"), "a key on {victim}: {key:?}");
+    let fault_ms = now_ms();
+    kubectl_ok(&env, &["delete", "pod", &victim, "--grace-period=0", "--force", "--wait=false"]);
+    // A key of the same slot (the hash tag), so that the data keys keep their values.
+    let probe = format!("probe{{{key}}}");
+    let acked =
+        first_cluster_write(&env, &probe, 60).unwrap_or_else(|| panic!("{probe} not writable within 60 s"));
+    let gap = Duration::from_millis(acked.saturating_sub(fault_ms));
+    let readable = cluster_keys_readable(&env);
+    let (after, back) = wait_cluster_ok(&env, "a master deleted", Duration::from_secs(180)).await;
+    eprintln!(
+        "realpods-redis: cluster: master {victim} deleted: {probe} (the slot of {key}) written again {gap:.1?} after; {readable}/{KEYS} keys; \
+         ok again with {victim} back as a replica {back:.1?} later: shards {after:?}"
+    );
+    assert!(
+        after.iter().any(|(m, r)| *m == heir && r.as_slice() == std::slice::from_ref(&victim)),
+        "{heir} took over, {victim} follows it"
+    );
+    assert!(gap <= Duration::from_secs(20), "write gap {gap:?} over 20 s");
+    assert_eq!(readable, KEYS);
+
+    // All three masters at once: every shard fails over to its replica.
+    let masters: Vec<String> = after.iter().map(|s| s.0.clone()).collect();
+    let started = Instant::now();
+    let mut args = vec!["delete", "pod", "--grace-period=0", "--force", "--wait=false"];
+    args.extend(masters.iter().map(String::as_str));
+    kubectl_ok(&env, &args);
+    let (now, took) = wait_cluster_ok(&env, "all masters deleted", Duration::from_secs(180)).await;
+    let readable = cluster_keys_readable(&env);
+    eprintln!(
+        "realpods-redis: cluster: all masters {masters:?} deleted: ok again with every pod back {took:.1?} later \
+         ({:.1?} in all); {readable}/{KEYS} keys; shards {now:?}",
+        started.elapsed()
+    );
+    // No master is left to vote for a replica: the masters come back from their volumes.
+    assert_eq!(readable, KEYS);
+
+    // All six pods at once: every address changes; the plugin introduces them again.
+    let started = Instant::now();
+    kubectl_ok(
+        &env,
+        &[
+            "delete",
+            "pod",
+            "-l",
+            "stateward.dev/instance=shop",
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+        ],
+    );
+    let (end, took) = wait_cluster_ok(&env, "all pods deleted", Duration::from_secs(240)).await;
+    let readable = cluster_keys_readable(&env);
+    let events = super::super::pg_ha::cr_events(&env, "shop").await;
+    eprintln!(
+        "realpods-redis: cluster: all 6 pods deleted: ok again {took:.1?} later ({:.1?} in all); {readable}/{KEYS} keys; shards {end:?}",
+        started.elapsed()
+    );
+    eprintln!("realpods-redis: cluster events: {events:#?}");
+    assert_eq!(readable, KEYS);
+    assert!(events.iter().any(|e| e.contains("ClusterFormed")), "{events:#?}");
+    drop(op);
+}

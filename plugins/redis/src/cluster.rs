@@ -1,0 +1,396 @@
+//! Redis Cluster mode (`spec.mode: cluster`): `spec.cluster.shards` masters, each with
+//! `replicasPerShard` replicas, one server per pod, as pure functions of what the servers
+//! answered ([`parse`], [`decide`]).
+//!
+//! Redis Cluster fails over by itself: the replicas of a master that a majority of masters sees
+//! failing for `cluster-node-timeout` elect one of them. The plugin does what the servers
+//! cannot do alone:
+//! - **Forms the cluster once.** When every pod runs the StatefulSet's current revision, is
+//!   Ready, and its server is a fresh node (it knows only itself and holds no slot), pod 0 runs
+//!   `redis-cli --cluster create` over the pods' addresses with `--cluster-replicas`: the slots
+//!   spread evenly over `shards` masters, each replica following a master on another pod.
+//!   Status records the formation, and it is never run again (a node that holds data or knows
+//!   other nodes refuses it anyway).
+//! - **Repairs addresses.** Each node keeps its identity and its peers' last addresses in
+//!   nodes.conf, on the volume. A pod made again has a new IP, which its peers learn when it
+//!   connects to them; but when every pod changed address at once, nobody can reach anybody.
+//!   A node that does not list another running pod's node at that pod's current IP is told
+//!   `CLUSTER MEET <ip>` (once per node incarnation and address).
+//! - **Observes.** Each pod's `CLUSTER INFO` and `CLUSTER NODES` (one `redis-cli`, the two
+//!   commands on stdin): the cluster's state, slots assigned and ok, each node's role → role
+//!   labels (`master`: holds slots; `replica`: follows a master), status per shard, and the
+//!   condition `ClusterOk`.
+
+use stateward_sdk::{Condition, ConditionStatus, Event, EventType};
+
+/// All the hash slots of a Redis Cluster.
+pub const SLOTS: u32 = 16_384;
+/// `cluster-node-timeout`: how long a master may not answer before its replica takes over.
+pub const NODE_TIMEOUT_MS: u64 = 5_000;
+/// At most this many `CLUSTER MEET` in one plan.
+pub const MAX_MEETS: usize = 4;
+/// The type of the condition saying whether the cluster serves every slot.
+pub const CONDITION: &str = "ClusterOk";
+
+/// One line of `CLUSTER NODES`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Node {
+    pub id: String,
+    /// The address it is reached at (no port).
+    pub ip: String,
+    /// The answering server itself.
+    pub myself: bool,
+    pub master: bool,
+    /// The master a replica follows.
+    pub master_id: Option<String>,
+    /// Flagged `fail` or `fail?`.
+    pub failing: bool,
+    /// The link to it is up.
+    pub connected: bool,
+    /// Slots it serves.
+    pub slots: u32,
+}
+
+/// What one server answered.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct View {
+    /// `cluster_state`: ok or fail.
+    pub state: String,
+    pub slots_assigned: u32,
+    pub slots_ok: u32,
+    pub known_nodes: u32,
+    pub nodes: Vec<Node>,
+}
+
+impl View {
+    /// The answering server's own line.
+    pub fn myself(&self) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.myself)
+    }
+
+    /// A fresh node: it knows only itself and serves no slot.
+    pub fn fresh(&self) -> bool {
+        self.known_nodes <= 1 && self.slots_assigned == 0
+    }
+}
+
+/// Slots in `CLUSTER NODES`' slot fields (`0-5460`, `5461`; `[..]` migrations are not served).
+fn slot_count(fields: &[&str]) -> u32 {
+    fields
+        .iter()
+        .filter(|f| !f.starts_with('['))
+        .filter_map(|f| match f.split_once('-') {
+            Some((a, b)) => Some(b.parse::<u32>().ok()?.checked_sub(a.parse::<u32>().ok()?)? + 1),
+            None => f.parse::<u32>().ok().map(|_| 1),
+        })
+        .sum()
+}
+
+/// `CLUSTER INFO` then `CLUSTER NODES`, as `redis-cli` prints them (None: not such an answer).
+pub fn parse(out: &str) -> Option<View> {
+    let mut v = View::default();
+    let mut info = false;
+    for line in out.lines().map(|l| l.trim_end_matches('\r')) {
+        if let Some((k, val)) = line.split_once(':').filter(|(k, _)| k.starts_with("cluster_")) {
+            info = true;
+            let n = || val.trim().parse().unwrap_or(0);
+            match k {
+                "cluster_state" => v.state = val.trim().to_string(),
+                "cluster_slots_assigned" => v.slots_assigned = n(),
+                "cluster_slots_ok" => v.slots_ok = n(),
+                "cluster_known_nodes" => v.known_nodes = n(),
+                _ => {}
+            }
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let is_id = |s: &str| s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        if f.len() < 8 || !is_id(f[0]) {
+            continue;
+        }
+        let flags: Vec<&str> = f[2].split(',').collect();
+        // `ip:port@cport[,hostname]`; an address not known yet is `:0@0`.
+        let ip = f[1].split(',').next().and_then(|a| a.rsplit_once(':')).map_or("", |(ip, _)| ip);
+        v.nodes.push(Node {
+            id: f[0].to_string(),
+            ip: ip.to_string(),
+            myself: flags.contains(&"myself"),
+            master: flags.contains(&"master"),
+            master_id: (f[3] != "-").then(|| f[3].to_string()),
+            failing: flags.iter().any(|x| *x == "fail" || *x == "fail?"),
+            connected: f[7] == "connected",
+            slots: slot_count(&f[8..]),
+        });
+    }
+    (info && !v.state.is_empty() && v.myself().is_some()).then_some(v)
+}
+
+/// A pod and what its server answered.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Member {
+    pub pod: String,
+    pub ip: String,
+    pub ready: bool,
+    pub deleting: bool,
+    pub outdated: bool,
+    pub answer: Option<Result<View, String>>,
+}
+
+impl Member {
+    fn view(&self) -> Option<&View> {
+        self.answer.as_ref().and_then(|a| a.as_ref().ok())
+    }
+}
+
+/// One shard: a master serving slots and the pods following it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    pub master: String,
+    pub slots: u32,
+    pub replicas: Vec<String>,
+}
+
+/// What the plugin does about the answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The cluster was formed: status says so, or a server knows others or serves slots.
+    pub formed: bool,
+    /// Form the cluster now: run `--cluster create` in this pod over these addresses.
+    pub form: Option<(String, Vec<String>)>,
+    /// `CLUSTER MEET <ip>` to send from a pod: (pod, ip).
+    pub meets: Vec<(String, String)>,
+    /// The role label of every pod (None: no label).
+    pub roles: Vec<(String, Option<&'static str>)>,
+    pub shards: Vec<Shard>,
+    /// The cluster as the best-informed server sees it.
+    pub state: String,
+    pub slots_assigned: u32,
+    pub slots_ok: u32,
+    pub condition: Condition,
+    pub events: Vec<Event>,
+}
+
+/// Decides from `members` (every pod of the cluster); `formed`: status recorded the formation;
+/// `pods` the number of pods the spec asks for; `replicas_per_shard` from the spec.
+pub fn decide(members: &[Member], formed: bool, pods: usize, replicas_per_shard: u32) -> Decision {
+    let views: Vec<(&Member, &View)> = members.iter().filter_map(|m| Some((m, m.view()?))).collect();
+    let formed = formed || views.iter().any(|(_, v)| !v.fresh());
+    let mut d = Decision {
+        formed,
+        form: None,
+        meets: Vec::new(),
+        roles: Vec::new(),
+        shards: Vec::new(),
+        state: String::new(),
+        slots_assigned: 0,
+        slots_ok: 0,
+        condition: Condition {
+            type_: CONDITION.into(),
+            status: ConditionStatus::Unknown,
+            reason: "NoAnswer".into(),
+            message: "no server has answered yet".into(),
+        },
+        events: Vec::new(),
+    };
+    // The pod whose server has the node id `id`, else the id itself.
+    let pod_of = |id: &str| {
+        views
+            .iter()
+            .find(|(_, v)| v.myself().is_some_and(|n| n.id == id))
+            .map_or_else(|| id.to_string(), |(m, _)| m.pod.clone())
+    };
+
+    if !formed {
+        let all_fresh = members.len() == pods
+            && views.len() == pods
+            && members.iter().all(|m| m.ready && !m.deleting && !m.outdated && !m.ip.is_empty());
+        d.condition = Condition {
+            type_: CONDITION.into(),
+            status: ConditionStatus::False,
+            reason: "Forming".into(),
+            message: if all_fresh {
+                format!("forming the cluster over {pods} pods")
+            } else {
+                format!(
+                    "waiting for {pods} Ready pods of the current revision whose servers answer as fresh nodes ({} answered)",
+                    views.len()
+                )
+            },
+        };
+        if all_fresh {
+            let ordered = by_ordinal(members);
+            let first = ordered.first().map(|m| m.pod.clone()).unwrap_or_default();
+            d.form = Some((first, ordered.iter().map(|m| m.ip.clone()).collect()));
+        }
+        d.roles = members.iter().map(|m| (m.pod.clone(), None)).collect();
+        return d;
+    }
+
+    // Addresses: a node that lists no node at all at another answering pod's current IP (a
+    // node still shaking hands is listed at it, under an id of its own). One meeting per node
+    // and at most MAX_MEETS in all: gossip introduces the rest, and a plan's requests are
+    // bounded.
+    for (m, v) in views.iter().filter(|(m, _)| !m.deleting) {
+        let missing = views.iter().find(|(other, _)| {
+            other.pod != m.pod
+                && !other.ip.is_empty()
+                && !other.deleting
+                && !v.nodes.iter().any(|n| n.ip == other.ip)
+        });
+        if let Some((other, _)) = missing.filter(|_| d.meets.len() < MAX_MEETS) {
+            d.meets.push((m.pod.clone(), other.ip.clone()));
+        }
+    }
+
+    // The best-informed view: the one serving most slots ok, then knowing most nodes.
+    let best =
+        views.iter().max_by_key(|(m, v)| (v.slots_ok, v.known_nodes, std::cmp::Reverse(m.pod.clone())));
+    if let Some((_, v)) = best {
+        d.state = v.state.clone();
+        d.slots_assigned = v.slots_assigned;
+        d.slots_ok = v.slots_ok;
+        for n in v.nodes.iter().filter(|n| n.master && n.slots > 0) {
+            let replicas = v
+                .nodes
+                .iter()
+                .filter(|r| r.master_id.as_deref() == Some(n.id.as_str()) && !r.failing)
+                .map(|r| pod_of(&r.id))
+                .collect();
+            d.shards.push(Shard { master: pod_of(&n.id), slots: n.slots, replicas });
+        }
+        // In the pods' order (servers list their nodes in an order of their own); a master no
+        // pod answers for goes last. No sort: each sort grows the component by kilobytes.
+        let order: Vec<String> = by_ordinal(members).iter().map(|m| m.pod.clone()).collect();
+        let place = |s: &Shard| order.iter().position(|p| *p == s.master).unwrap_or(order.len());
+        let mut shards = std::mem::take(&mut d.shards);
+        for i in 0..=order.len() {
+            d.shards.extend(shards.iter().filter(|s| place(s) == i).cloned());
+        }
+        shards.clear();
+    }
+    // Roles, from each server's own line.
+    for m in members {
+        let me = m.view().and_then(View::myself);
+        let role = match me {
+            _ if m.deleting => None,
+            Some(n) if n.master && n.slots > 0 => Some("master"),
+            Some(n) if !n.master && n.master_id.is_some() => Some("replica"),
+            _ => None,
+        };
+        d.roles.push((m.pod.clone(), role));
+    }
+    let short: Vec<String> = d
+        .shards
+        .iter()
+        .filter(|s| s.replicas.len() < replicas_per_shard as usize)
+        .map(|s| format!("{} has {} of {replicas_per_shard} replicas", s.master, s.replicas.len()))
+        .collect();
+    d.condition = match best {
+        Some((_, v)) if v.state == "ok" && v.slots_ok == SLOTS => Condition {
+            type_: CONDITION.into(),
+            status: ConditionStatus::True,
+            reason: if short.is_empty() { "AllSlotsServed" } else { "ReplicasMissing" }.into(),
+            message: format!(
+                "{} shards serve all {SLOTS} slots{}",
+                d.shards.len(),
+                if short.is_empty() { String::new() } else { format!(" ({})", short.join("; ")) }
+            ),
+        },
+        Some((_, v)) => Condition {
+            type_: CONDITION.into(),
+            status: ConditionStatus::False,
+            reason: "SlotsNotServed".into(),
+            message: format!(
+                "cluster_state {}: {} of {SLOTS} slots assigned, {} ok",
+                v.state, v.slots_assigned, v.slots_ok
+            ),
+        },
+        None => d.condition.clone(),
+    };
+    d
+}
+
+/// The event for the answer to the formation request: Ok(output) or Err(why).
+pub fn formed_event(answer: &Result<String, String>) -> Event {
+    match answer {
+        Ok(_) => Event {
+            type_: EventType::Normal,
+            reason: "ClusterFormed".into(),
+            message: format!("all {SLOTS} slots assigned (redis-cli --cluster create)"),
+        },
+        Err(why) => Event {
+            type_: EventType::Warning,
+            reason: "ClusterFormationFailed".into(),
+            message: format!("redis-cli --cluster create: {why:.300}"),
+        },
+    }
+}
+
+/// `members` in the order of their pods' ordinals (without sorting: see [`decide`]).
+fn by_ordinal(members: &[Member]) -> Vec<&Member> {
+    let ordinal = |m: &Member| crate::roll::ordinal(&m.pod);
+    let highest = members.iter().filter_map(ordinal).max().unwrap_or(-1);
+    let mut out: Vec<&Member> =
+        (0..=highest).filter_map(|i| members.iter().find(|m| ordinal(m) == Some(i))).collect();
+    out.extend(members.iter().filter(|m| ordinal(m).is_none()));
+    out
+}
+
+/// The next step of a rolling change in cluster mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollStep {
+    /// Delete these pods: the StatefulSet makes them again from its current revision.
+    Replace { pods: Vec<String>, why: String },
+    /// `CLUSTER FAILOVER` on `replica`: it takes over from its master `master`, in step with it
+    /// (the master holds its clients until the replica has every write).
+    Failover { replica: String, master: String },
+}
+
+/// The next step of a rolling change (`updateStrategy: OnDelete`, the order is the plugin's):
+/// - before the cluster is formed no node holds data: every outdated pod is replaced at once;
+/// - afterwards one pod at a time, only while the cluster is ok and every pod is there, Ready
+///   and answering: the outdated replicas first, highest ordinal first; then, for an outdated
+///   master, a `CLUSTER FAILOVER` to an updated replica of it, after which it is a replica and
+///   replaced as one. A master without a replica (`replicasPerShard: 0`) is replaced in place:
+///   its shard is down while it restarts, and it comes back with its data from the volume.
+pub fn roll(members: &[Member], d: &Decision, formed: bool, pods: usize) -> Option<RollStep> {
+    let ordinal = |p: &str| crate::roll::ordinal(p);
+    if !formed {
+        let outdated: Vec<String> =
+            members.iter().filter(|m| m.outdated && !m.deleting).map(|m| m.pod.clone()).collect();
+        return (!outdated.is_empty()).then(|| RollStep::Replace {
+            pods: outdated,
+            why: "on an old revision, before the cluster was formed".into(),
+        });
+    }
+    let well = |m: &Member| m.ready && !m.deleting && m.view().is_some();
+    if members.len() != pods
+        || !members.iter().all(well)
+        || d.state != "ok"
+        || !members.iter().any(|m| m.outdated)
+    {
+        return None;
+    }
+    let role = |p: &str| d.roles.iter().find(|(n, _)| n == p).and_then(|(_, r)| *r);
+    if let Some(m) = members
+        .iter()
+        .filter(|m| m.outdated && role(&m.pod) != Some("master"))
+        .max_by_key(|m| (ordinal(&m.pod), m.pod.clone()))
+    {
+        return Some(RollStep::Replace {
+            pods: vec![m.pod.clone()],
+            why: "a replica on an old revision (replicas first, one at a time)".into(),
+        });
+    }
+    let master = members.iter().filter(|m| m.outdated).max_by_key(|m| (ordinal(&m.pod), m.pod.clone()))?;
+    let shard = d.shards.iter().find(|s| s.master == master.pod)?;
+    let updated = |p: &String| members.iter().any(|m| &m.pod == p && !m.outdated);
+    match shard.replicas.iter().filter(|p| updated(p)).min_by_key(|p| ordinal(p)) {
+        Some(replica) => Some(RollStep::Failover { replica: replica.clone(), master: master.pod.clone() }),
+        None if shard.replicas.is_empty() => Some(RollStep::Replace {
+            pods: vec![master.pod.clone()],
+            why: "a master on an old revision without a replica to take over (its shard is down while it restarts)".into(),
+        }),
+        None => None,
+    }
+}

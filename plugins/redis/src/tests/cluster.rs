@@ -1,0 +1,294 @@
+//! Cluster mode: parsing the servers' answers, forming once, repairing addresses, roles.
+
+use super::*;
+use crate::cluster::{decide, parse, Member, View, SLOTS};
+
+const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+const C: &str = "cccccccccccccccccccccccccccccccccccccccc";
+const D: &str = "dddddddddddddddddddddddddddddddddddddddd";
+
+fn info(state: &str, assigned: u32, ok: u32, known: u32) -> String {
+    format!(
+        "cluster_enabled:1\r\ncluster_state:{state}\r\ncluster_slots_assigned:{assigned}\r\ncluster_slots_ok:{ok}\r\ncluster_slots_pfail:0\r\ncluster_known_nodes:{known}\r\ncluster_size:3\r\n"
+    )
+}
+
+/// Three masters (a, b, c on pods 0-2, 10.0.0.1-3) and d (pod 3) following a; `me` is myself.
+fn nodes(me: &str) -> String {
+    let line = |id: &str, ip: &str, role: &str, master: &str, slots: &str| {
+        let myself = if id == me { "myself," } else { "" };
+        format!("{id} {ip}:6379@16379 {myself}{role} {master} 0 1700000000000 1 connected {slots}\n")
+    };
+    [
+        line(A, "10.0.0.1", "master", "-", "0-5460"),
+        line(B, "10.0.0.2", "master", "-", "5461-10922"),
+        line(C, "10.0.0.3", "master", "-", "10923-16383"),
+        line(D, "10.0.0.4", "slave", A, ""),
+    ]
+    .concat()
+}
+
+fn member(pod: &str, ip: &str, answer: Option<View>) -> Member {
+    Member { pod: pod.into(), ip: ip.into(), ready: true, answer: answer.map(Ok), ..Member::default() }
+}
+
+#[test]
+fn parses_cluster_info_and_nodes() {
+    let v = parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(D))).unwrap();
+    assert_eq!((v.state.as_str(), v.slots_assigned, v.slots_ok, v.known_nodes), ("ok", SLOTS, SLOTS, 4));
+    let me = v.myself().unwrap();
+    assert_eq!(
+        (me.id.as_str(), me.ip.as_str(), me.master, me.master_id.as_deref()),
+        (D, "10.0.0.4", false, Some(A))
+    );
+    assert_eq!(v.nodes.iter().map(|n| n.slots).collect::<Vec<_>>(), [5461, 5462, 5461, 0]);
+    // A hostname after the address, a migrating slot, a failing node.
+    let odd = format!(
+        "{}{A} 10.0.0.9:6379@16379,cache-0 myself,master - 0 0 1 connected 0-9 12 [13->-{B}]\n{B} :0@0 master,fail - 0 0 2 disconnected\n",
+        info("fail", 11, 11, 2)
+    );
+    let v = parse(&odd).unwrap();
+    assert_eq!((v.nodes[0].ip.as_str(), v.nodes[0].slots), ("10.0.0.9", 11));
+    assert!(v.nodes[1].failing && !v.nodes[1].connected && v.nodes[1].ip.is_empty());
+    // Not such an answer.
+    assert_eq!(parse("ERR This instance has cluster support disabled"), None);
+    assert_eq!(parse(&info("ok", 0, 0, 1)), None, "no line of its own");
+}
+
+#[test]
+fn forms_once_every_pod_is_ready_current_and_fresh() {
+    let fresh = |id: &str, ip: &str| {
+        parse(&(info("fail", 0, 0, 1) + &format!("{id} {ip}:6379@16379 myself,master - 0 0 0 connected\n")))
+            .unwrap()
+    };
+    let mut members = vec![
+        member("cache-1", "10.0.0.2", Some(fresh(B, "10.0.0.2"))),
+        member("cache-0", "10.0.0.1", Some(fresh(A, "10.0.0.1"))),
+        member("cache-2", "10.0.0.3", Some(fresh(C, "10.0.0.3"))),
+    ];
+    let d = decide(&members, false, 3, 0);
+    assert_eq!(
+        d.form,
+        Some(("cache-0".to_string(), vec!["10.0.0.1".into(), "10.0.0.2".into(), "10.0.0.3".into()]))
+    );
+    assert_eq!(d.condition.reason, "Forming");
+    // Not while a pod is of an old revision, not Ready, missing, or its server knows others.
+    members[2].outdated = true;
+    assert_eq!(decide(&members, false, 3, 0).form, None);
+    members[2].outdated = false;
+    assert_eq!(decide(&members, false, 4, 0).form, None, "a pod missing");
+    assert_eq!(decide(&members, true, 3, 0).form, None, "status says it was formed");
+    members[1].answer = Some(Ok(parse(&(info("fail", 0, 0, 2) + &nodes(A))).unwrap()));
+    assert_eq!(decide(&members, false, 3, 0).form, None, "a node knows others: formed already");
+}
+
+#[test]
+fn roles_shards_and_the_condition_come_from_the_servers() {
+    let view = |me: &str| parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(me))).unwrap();
+    let members = vec![
+        member("cache-0", "10.0.0.1", Some(view(A))),
+        member("cache-1", "10.0.0.2", Some(view(B))),
+        member("cache-2", "10.0.0.3", Some(view(C))),
+        member("cache-3", "10.0.0.4", Some(view(D))),
+    ];
+    let d = decide(&members, true, 4, 1);
+    let roles: Vec<Option<&str>> = d.roles.iter().map(|r| r.1).collect();
+    assert_eq!(roles, [Some("master"), Some("master"), Some("master"), Some("replica")]);
+    assert_eq!(d.shards.len(), 3);
+    assert_eq!(
+        (d.shards[0].master.as_str(), d.shards[0].replicas.clone()),
+        ("cache-0", vec!["cache-3".to_string()])
+    );
+    assert_eq!((d.condition.status, d.condition.reason.as_str()), (ConditionStatus::True, "ReplicasMissing"));
+    assert!(d.condition.message.contains("cache-1 has 0 of 1 replicas"), "{}", d.condition.message);
+    assert!(d.meets.is_empty(), "every node knows every pod at its address: {:?}", d.meets);
+}
+
+#[test]
+fn a_node_that_lists_a_pod_at_another_address_is_told_to_meet_it() {
+    let view = |me: &str| parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(me))).unwrap();
+    // cache-3 (d) was made again: its pod has 10.0.0.14 now; the others list 10.0.0.4.
+    let members = vec![
+        member("cache-0", "10.0.0.1", Some(view(A))),
+        member("cache-1", "10.0.0.2", Some(view(B))),
+        member("cache-2", "10.0.0.3", Some(view(C))),
+        member("cache-3", "10.0.0.14", Some(view(D))),
+    ];
+    let mut meets = decide(&members, true, 4, 1).meets;
+    meets.sort();
+    // Everybody lists cache-3 at the old address (cache-3 itself too, in its own line), and
+    // cache-3 lists the others where they are.
+    let new = |p: &str| (p.to_string(), "10.0.0.14".to_string());
+    assert_eq!(meets, [new("cache-0"), new("cache-1"), new("cache-2")]);
+    // Every pod made again at once: nobody lists anybody where they are; one meeting per node,
+    // at most MAX_MEETS.
+    let moved: Vec<Member> =
+        members.iter().enumerate().map(|(i, m)| Member { ip: format!("10.0.1.{i}"), ..m.clone() }).collect();
+    let meets = decide(&moved, true, 4, 1).meets;
+    assert_eq!(meets.len(), crate::cluster::MAX_MEETS);
+    assert!(meets.iter().all(|(p, ip)| moved.iter().any(|m| &m.ip == ip && &m.pod != p)), "{meets:?}");
+    // A node shaking hands with another lists it at its address under another id: no meeting.
+    let mut shaking = members.clone();
+    shaking[3].ip = "10.0.0.4".into();
+    assert!(decide(&shaking, true, 4, 1).meets.is_empty());
+}
+
+#[test]
+fn cluster_mode_is_checked_and_rendered() {
+    let mut cr = tk::cr("RedisCluster", "cache", spec());
+    cr["spec"]["mode"] = json!("cluster");
+    cr["spec"]["replicas"] = json!(6);
+    cr["spec"]["cluster"] = json!({ "shards": 3 });
+    assert!(Redis::validate(&cr.to_string(), None).is_empty());
+    let p = plan(&cr);
+    let conf = tk::find(&p, "ConfigMap")["data"]["redis.conf"].as_str().unwrap().to_string();
+    for line in ["cluster-enabled yes", "cluster-config-file nodes.conf", "cluster-node-timeout 5000"] {
+        assert!(conf.lines().any(|l| l == line), "missing {line:?} in\n{conf}");
+    }
+    let sts = tk::find(&p, "StatefulSet");
+    assert_eq!(sts["spec"]["podManagementPolicy"], "Parallel");
+    assert_eq!(tk::extra(&p)["mode"], "cluster");
+    let script = tk::find(&p, "ConfigMap")["data"]["entrypoint.sh"].as_str().unwrap().to_string();
+    assert!(!script.contains("--sentinel"), "no Sentinel in cluster mode");
+
+    let paths = |cr: &Value| -> Vec<String> {
+        Redis::validate(&cr.to_string(), None).iter().map(|e| format!("{}: {}", e.path, e.message)).collect()
+    };
+    let mut two = cr.clone();
+    two["spec"]["cluster"]["shards"] = json!(2);
+    two["spec"]["replicas"] = json!(4);
+    let errs = paths(&two);
+    assert!(
+        errs.len() == 1 && errs[0].starts_with("spec.cluster.shards: 2 is not a whole number from 3"),
+        "{errs:?}"
+    );
+    let mut wrong = cr.clone();
+    wrong["spec"]["replicas"] = json!(5);
+    assert_eq!(
+        paths(&wrong),
+        ["spec.replicas: is 5, but 3 shards × (1 master + 1 replicas) are 6 pods: set spec.replicas to 6"]
+    );
+    let mut none = cr.clone();
+    none["spec"]["cluster"] = json!({ "replicasPerShard": 9, "slots": 1 });
+    let errs = paths(&none);
+    assert!(errs.iter().any(|e| e.starts_with("spec.cluster.shards: is required")), "{errs:?}");
+    assert!(errs.iter().any(|e| e.starts_with("spec.cluster.replicasPerShard: 9 is not")), "{errs:?}");
+    assert!(errs.iter().any(|e| e.starts_with("spec.cluster.slots: is not a field")), "{errs:?}");
+    let mut elsewhere = tk::cr("RedisCluster", "cache", spec());
+    elsewhere["spec"]["cluster"] = json!({ "shards": 3 });
+    assert_eq!(paths(&elsewhere), ["spec.cluster: is for cluster mode only, not replication"]);
+    // The shape is fixed once running.
+    let mut bigger = cr.clone();
+    bigger["spec"]["cluster"]["shards"] = json!(4);
+    bigger["spec"]["replicas"] = json!(8);
+    let errs = Redis::validate(&bigger.to_string(), Some(&cr.to_string()));
+    assert!(
+        errs.iter().any(|e| e.path == "spec.cluster" && e.message.contains("not supported yet")),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn rolls_everything_at_once_before_formation_then_replicas_first_then_a_failover_per_master() {
+    use crate::cluster::{roll, RollStep};
+    let view = |me: &str| parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(me))).unwrap();
+    let mut members = vec![
+        member("cache-0", "10.0.0.1", Some(view(A))),
+        member("cache-1", "10.0.0.2", Some(view(B))),
+        member("cache-2", "10.0.0.3", Some(view(C))),
+        member("cache-3", "10.0.0.4", Some(view(D))),
+    ];
+    for m in &mut members {
+        m.outdated = true;
+    }
+    // Not formed: nothing holds data, all at once.
+    let fresh = decide(&[], false, 4, 1);
+    match roll(&members, &fresh, false, 4) {
+        Some(RollStep::Replace { pods, .. }) => assert_eq!(pods.len(), 4),
+        other => panic!("{other:?}"),
+    }
+    // Formed: the replica first.
+    let d = decide(&members, true, 4, 1);
+    assert!(
+        matches!(roll(&members, &d, true, 4), Some(RollStep::Replace { pods, .. }) if pods == ["cache-3"])
+    );
+    // cache-3 updated: cache-0's shard fails over to it; the masters without a replica here
+    // (cache-1, cache-2) are replaced in place, highest ordinal first — but cache-0 is not the
+    // highest outdated master, cache-2 is.
+    members[3].outdated = false;
+    let d = decide(&members, true, 4, 1);
+    assert!(
+        matches!(roll(&members, &d, true, 4), Some(RollStep::Replace { pods, .. }) if pods == ["cache-2"]),
+        "a master without a replica is replaced in place"
+    );
+    members[1].outdated = false;
+    members[2].outdated = false;
+    let d = decide(&members, true, 4, 1);
+    assert_eq!(
+        roll(&members, &d, true, 4),
+        Some(RollStep::Failover { replica: "cache-3".into(), master: "cache-0".into() })
+    );
+    // Nothing while a pod is not Ready or the cluster is not ok.
+    members[1].ready = false;
+    assert_eq!(roll(&members, &decide(&members, true, 4, 1), true, 4), None);
+}
+
+#[test]
+fn cluster_mode_rolls_by_the_plugin() {
+    let mut cr = tk::cr("RedisCluster", "cache", spec());
+    cr["spec"]["mode"] = json!("cluster");
+    cr["spec"]["replicas"] = json!(6);
+    cr["spec"]["cluster"] = json!({ "shards": 3 });
+    assert_eq!(tk::find(&plan(&cr), "StatefulSet")["spec"]["updateStrategy"]["type"], "OnDelete");
+}
+
+#[test]
+fn a_master_starting_again_has_its_replica_take_over_first() {
+    let mut cr = tk::cr("RedisCluster", "cache", spec());
+    cr["spec"]["mode"] = json!("cluster");
+    cr["spec"]["replicas"] = json!(6);
+    cr["spec"]["cluster"] = json!({ "shards": 3 });
+    let s = tk::find(&plan(&cr), "ConfigMap")["data"]["entrypoint.sh"].as_str().unwrap().to_string();
+    for line in [
+        "nodes=/data/nodes.conf",
+        "    [ \"$answer\" = OK ] || continue",
+        "    end=$(( $(date +%s) + 30 ))",
+        "exec redis-server \"$here/redis.conf\" --include \"$auth\" \"$@\"",
+    ] {
+        assert!(s.lines().any(|l| l == line), "missing {line:?} in\n{s}");
+    }
+    assert!(s.contains("cluster failover force"), "{s}");
+    // The takeover comes before the server starts, while the password is still at hand.
+    assert!(s.find("cluster failover force") < s.find("unset REDIS_PASSWORD"));
+}
+
+#[test]
+fn the_formation_answer_is_told_once() {
+    let mut cr = tk::cr("RedisCluster", "cache", spec());
+    cr["spec"]["mode"] = json!("cluster");
+    cr["spec"]["replicas"] = json!(6);
+    cr["spec"]["cluster"] = json!({ "shards": 3 });
+    let run = |status: Value| {
+        let mut cr = cr.clone();
+        cr["status"] = status;
+        let mut o = tk::observed(&cr, &[]);
+        o.responses.push(stateward_sdk::Response {
+            id: "cluster-create-abcdef12".into(),
+            code: Some(0),
+            stdout: ">>> Performing Cluster Check\n[OK] All 16384 slots covered.\n".into(),
+            ..Default::default()
+        });
+        let p = Redis::reconcile(o).unwrap();
+        let extra: Value = serde_json::from_str(&p.status.extra).unwrap();
+        (p.events.iter().filter(|e| e.reason == "ClusterFormed").count(), extra["cluster"].clone())
+    };
+    // Seen formed from the servers before the answer came: the event still comes, once.
+    let (told, cluster) = run(json!({ "cluster": { "formed": true } }));
+    assert_eq!(
+        (told, cluster["formation"].as_str(), cluster["formed"].as_bool()),
+        (1, Some("Formed"), Some(true))
+    );
+    let (told, _) = run(json!({ "cluster": { "formed": true, "formation": "Formed" } }));
+    assert_eq!(told, 0);
+}
