@@ -26,9 +26,12 @@ pub struct Scene<'a> {
     pub now_ms: u64,
 }
 
-/// Sends every request of `actions` that is due.
-pub async fn dispatch(requests: &Arc<Requests>, scene: &Scene<'_>, actions: &[Action]) {
+/// Sends every request of `actions` that is due. Returns the resource as the API server
+/// stored it after the last one-shot record, if any was written: each record of one plan is
+/// made over the previous one's version (the second would otherwise conflict with the first).
+pub async fn dispatch(requests: &Arc<Requests>, scene: &Scene<'_>, actions: &[Action]) -> Option<Value> {
     let ledger = crate::requests::records(scene.resource);
+    let mut stored: Option<Value> = None;
     for action in actions {
         let (id, mode, timeout, prepared, audit) = match action {
             Action::Exec { request } => {
@@ -60,8 +63,12 @@ pub async fn dispatch(requests: &Arc<Requests>, scene: &Scene<'_>, actions: &[Ac
         let ledger = match mode {
             RequestMode::Every(_) => None,
             RequestMode::Once => {
-                match Ledger::sent(scene.api.clone(), scene.resource, id, scene.now_ms).await {
-                    Ok(ledger) => Some(ledger),
+                let over = stored.as_ref().unwrap_or(scene.resource);
+                match Ledger::sent(scene.api.clone(), over, id, scene.now_ms).await {
+                    Ok((ledger, resource)) => {
+                        stored = Some(resource);
+                        Some(ledger)
+                    }
                     Err(error) => {
                         // Not recorded, so not sent: a later reconcile tries again.
                         tracing::warn!(id = %id, error = %error, "one-shot request not sent");
@@ -81,6 +88,7 @@ pub async fn dispatch(requests: &Arc<Requests>, scene: &Scene<'_>, actions: &[Ac
         };
         requests.start(scene.owner.clone(), submission);
     }
+    stored
 }
 
 /// What the audit record of the outcome names: the verb and the target as policy saw them.

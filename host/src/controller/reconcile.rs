@@ -101,8 +101,13 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
         plugin: plugin.name(),
         now_ms,
     };
-    dispatch::dispatch(&ctx.requests, &scene, &plan.actions).await;
+    let recorded = dispatch::dispatch(&ctx.requests, &scene, &plan.actions).await;
     ctx.requests.retain(&owner, &planned_ids(&plan.actions));
+    if let Some(stored) = recorded {
+        // The one-shot records are the newest write: the status below goes over them.
+        remember(obj, ctx, superseded(obj, &resource), &stored);
+        resource = stored;
+    }
     for action in plan.actions.iter().filter(|a| !a.is_request()) {
         if let Err(err) = execute(ctx, action, &resource, &namespace, &children).await {
             // What needs the user (someone else's object in the way, the API server refusing the
@@ -383,18 +388,28 @@ async fn write_status(
     let target = CrWrite { api: cr_api(obj, ctx), leadership: &ctx.leadership, kind: &ctx.kind.kind };
     let stored = target.status(&obj.name_any(), status).instrument(tracing::info_span!("status")).await?;
     ctx.metrics.api_write("status", &ctx.kind.kind);
+    remember(obj, ctx, superseded(obj, resource), &serde_json::to_value(stored).unwrap_or_default());
+    Ok(())
+}
+
+/// The versions a write over `resource` supersedes: the cached one and the one it was made over.
+fn superseded(obj: &DynamicObject, resource: &Value) -> Vec<String> {
     let mut superseded = vec![version(obj)];
     if let Some(read) = resource.pointer("/metadata/resourceVersion").and_then(Value::as_str) {
         if read != superseded[0] {
             superseded.push(read.to_string());
         }
     }
-    let stored = serde_json::to_value(stored).unwrap_or_default();
-    match stored.get("status") {
-        Some(status) => ctx.written.remember(&uid(obj), superseded, status.clone()),
-        None => ctx.written.forget(&uid(obj)),
+    superseded
+}
+
+/// Remembers `stored`, what the API server answered a status write with, until the cache has it.
+fn remember(obj: &DynamicObject, ctx: &Context, superseded: Vec<String>, stored: &Value) {
+    let stored_version = stored.pointer("/metadata/resourceVersion").and_then(Value::as_str);
+    match (stored.get("status"), stored_version) {
+        (Some(status), Some(v)) => ctx.written.remember(&uid(obj), superseded, status.clone(), v.to_string()),
+        _ => ctx.written.forget(&uid(obj)),
     }
-    Ok(())
 }
 
 fn uid(obj: &DynamicObject) -> String {

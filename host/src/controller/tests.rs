@@ -47,7 +47,8 @@ impl Call {
     }
 }
 
-/// The API server's answer to one request: a status code and a JSON body.
+/// The API server's answer to one request: a status code and a JSON body; code 0 never
+/// answers (a request still running).
 type Answer = Box<dyn Fn(&Call) -> (u16, Value) + Send + Sync>;
 
 /// The postgres plugin, built and loaded once per test process.
@@ -201,6 +202,7 @@ fn mock_client(answer: Answer) -> (Client, Arc<Mutex<Vec<Call>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&seen);
     tokio::spawn(async move {
+        let mut running = Vec::new();
         while let Some((request, respond)) = handle.next_request().await {
             let (parts, body) = request.into_parts();
             let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
@@ -211,6 +213,10 @@ fn mock_client(answer: Answer) -> (Client, Arc<Mutex<Vec<Call>>>) {
             };
             let (code, reply) = answer(&call);
             log.lock().unwrap().push(call);
+            if code == 0 {
+                running.push(respond);
+                continue;
+            }
             let response = Response::builder()
                 .status(code)
                 .header("content-type", "application/json")
@@ -546,6 +552,40 @@ fn hostile() -> (Arc<Sandbox>, Arc<Plugin>) {
 
 const HOSTILE_PATH: &str = "/apis/test.stateward.dev/v1/namespaces/ns/hostilethings/h";
 
+fn hostile_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("test.stateward.dev", "v1", "HostileThing"),
+        "hostilethings",
+    )
+}
+
+fn hostile_cr(mode: &str) -> Value {
+    json!({
+        "apiVersion": "test.stateward.dev/v1", "kind": "HostileThing",
+        "metadata": {"name": "h", "namespace": NAMESPACE, "uid": "uid-h", "generation": 1,
+                     "creationTimestamp": "2026-01-01T00:00:00Z", "finalizers": [FINALIZER]},
+        "spec": {"mode": mode},
+    })
+}
+
+/// The hostile plugin's own pod h-0, running, with a port.
+fn hostile_pod() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "h-0", "namespace": NAMESPACE, "labels": {(crate::children::INSTANCE_LABEL): "h"}},
+        "spec": {"containers": [{"name": "main", "ports": [{"containerPort": 8080}]}]},
+        "status": {"podIP": "10.0.0.9", "containerStatuses": [{"name": "main", "state": {"running": {}}}]},
+    })
+}
+
+/// A gate that lets the hostile plugin load and run `psql` in its pods.
+fn hostile_gate(test: &str) -> Gate {
+    gate_with(test, None, |data| {
+        data["stateward"]["config"]["plugins"]["allowed"]["hostile"] = json!({"digests": []});
+        data["stateward"]["config"]["guardrails"]["exec_commands"]["hostile"] = json!(["psql"]);
+    })
+}
+
 /// The sandbox tests extended to requests, at the controller: a plugin asking to exec into a
 /// pod of another instance, to run a command its policy data does not list, to send http to
 /// another instance's Service, 10,000 requests in one plan, or 10 MB of stdin. Each plan is
@@ -554,18 +594,10 @@ const HOSTILE_PATH: &str = "/apis/test.stateward.dev/v1/namespaces/ns/hostilethi
 /// request, no child written; only the Degraded status and its Event.
 #[tokio::test]
 async fn requests_a_plugin_may_not_make_are_refused_audited_and_never_sent() {
-    let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("test.stateward.dev", "v1", "HostileThing"),
-        "hostilethings",
-    );
+    let resource = hostile_resource();
     // Its own pod, running, with a port; `psql` is listed for it, so that the flood and the
     // big stdin (exec `psql` in that pod) would pass the guardrails: the host refuses them.
-    let own_pod = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "h-0", "namespace": NAMESPACE, "labels": {(crate::children::INSTANCE_LABEL): "h"}},
-        "spec": {"containers": [{"name": "main", "ports": [{"containerPort": 8080}]}]},
-        "status": {"podIP": "10.0.0.9", "containerStatuses": [{"name": "main", "state": {"running": {}}}]},
-    });
+    let own_pod = hostile_pod();
     for (mode, reason, message) in [
         ("exec-foreign", "PolicyDenied", "foreign-target: exec to Pod someone-else-0"),
         ("exec-unlisted", "PolicyDenied", "exec-command-not-allowed: plugin hostile may not run sh"),
@@ -582,16 +614,8 @@ async fn requests_a_plugin_may_not_make_are_refused_audited_and_never_sent() {
         ),
     ] {
         let test = format!("hostile-{mode}");
-        let cr = json!({
-            "apiVersion": "test.stateward.dev/v1", "kind": "HostileThing",
-            "metadata": {"name": "h", "namespace": NAMESPACE, "uid": "uid-h", "generation": 1,
-                         "creationTimestamp": "2026-01-01T00:00:00Z", "finalizers": [FINALIZER]},
-            "spec": {"mode": mode},
-        });
-        let gate = gate_with(&test, None, |data| {
-            data["stateward"]["config"]["plugins"]["allowed"]["hostile"] = json!({"digests": []});
-            data["stateward"]["config"]["guardrails"]["exec_commands"]["hostile"] = json!(["psql"]);
-        });
+        let cr = hostile_cr(mode);
+        let gate = hostile_gate(&test);
         let answered = Arc::new(Mutex::new(Vec::<String>::new()));
         let seen = Arc::clone(&answered);
         let outcomes: crate::requests::Outcomes = Arc::new(move |o: &crate::requests::Outcome<'_>| {
@@ -658,14 +682,25 @@ async fn requests_a_plugin_may_not_make_are_refused_audited_and_never_sent() {
     }
 }
 
-/// An API server that keeps what status patches write (each a new resourceVersion) and answers
-/// them with the stored resource, and is otherwise healthy.
-fn storing_status(cr: Value) -> Answer {
-    let stored = Mutex::new(cr.clone());
+/// An API server that keeps what status patches of the resource at `path` write (each a new
+/// resourceVersion) in `stored` and answers them with the stored resource, refuses a patch
+/// naming another resourceVersion than the stored one (409, as the API server does), and is
+/// otherwise healthy.
+fn storing_status(cr: Value, path: &'static str, stored: Arc<Mutex<Value>>) -> Answer {
+    *stored.lock().unwrap() = cr.clone();
     let healthy = healthy(cr);
     Box::new(move |call| {
-        if call.is(&Method::PATCH, &format!("{CR_PATH}/status")) {
+        if call.path.contains("/exec?") {
+            // A command still running: no answer changes the status between reconciles.
+            return (0, Value::Null);
+        }
+        if call.is(&Method::PATCH, &format!("{path}/status")) {
             let mut cr = stored.lock().unwrap();
+            let precondition = call.body.pointer("/metadata/resourceVersion");
+            if precondition.is_some_and(|v| Some(v) != cr.pointer("/metadata/resourceVersion")) {
+                let conflict = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": "the object has been modified", "reason": "Conflict", "code": 409});
+                return (409, conflict);
+            }
             json_patch::merge(&mut cr, &call.body);
             let version: u64 = cr["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
             cr["metadata"]["resourceVersion"] = json!((version + 1).to_string());
@@ -685,7 +720,7 @@ async fn a_reconcile_on_a_cache_behind_its_own_status_write_does_not_write_again
     cr["metadata"]["resourceVersion"] = json!("7");
     let world = World::new(
         "stale-cache",
-        storing_status(cr.clone()),
+        storing_status(cr.clone(), CR_PATH, Arc::default()),
         gate("stale-cache", None),
         &[],
         claims::NameClaims::default(),
@@ -702,4 +737,42 @@ async fn a_reconcile_on_a_cache_behind_its_own_status_write_does_not_write_again
         "written again over a stale read: {:?}",
         shown(&world.calls())
     );
+}
+
+/// Each one-shot request is recorded in status before it is sent, with the version it was
+/// decided on as the precondition. Two in one plan: the second is recorded over the version the
+/// first was stored at. A reconcile on a cache behind this replica's own status write: over the
+/// version that write was stored at. Both used to name the version read from the cache, got a
+/// 409, and the request waited for a later reconcile (CI: a switchover's promotion delayed
+/// until the cache caught up, its write gap over the bound).
+#[tokio::test]
+async fn one_shot_requests_are_recorded_over_the_newest_version_even_from_a_stale_cache() {
+    let mut cr = hostile_cr("once-rounds");
+    cr["metadata"]["resourceVersion"] = json!("7");
+    let stored = Arc::new(Mutex::new(Value::Null));
+    let world = World::serving(
+        "once-rounds",
+        storing_status(cr.clone(), HOSTILE_PATH, Arc::clone(&stored)),
+        hostile_gate("once-rounds"),
+        &[hostile_pod()],
+        claims::NameClaims::default(),
+        hostile(),
+        hostile_resource(),
+        Arc::new(|_| {}),
+    );
+    world.reconcile(&cr).await.expect("round 0");
+    // The cache still holds version 7: no records, no rounds.
+    world.reconcile(&cr).await.expect("round 1");
+    let stored = stored.lock().unwrap().clone();
+    let mut recorded: Vec<&String> = stored
+        .pointer("/status/requests")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .map(|(id, _)| id)
+        .collect();
+    recorded.sort();
+    assert_eq!(recorded, ["r0-a", "r0-b", "r1-a", "r1-b"], "{}", stored["status"]);
+    assert_eq!(stored.pointer("/status/onceRound"), Some(&json!(2)), "{}", stored["status"]);
+    let _ = std::fs::remove_file(audit_path("once-rounds"));
 }

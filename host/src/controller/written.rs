@@ -28,25 +28,29 @@ struct Record {
     superseded: Vec<String>,
     /// `.status` as the API server stored it.
     status: Value,
+    /// The resourceVersion the API server gave the write: a write preconditioned on what this
+    /// reconcile read (a one-shot request's record) must name it, not the stale cached one.
+    version: String,
 }
 
 impl Written {
-    /// Remembers that `status` was written over the versions in `superseded`.
-    pub fn remember(&self, uid: &str, superseded: Vec<String>, status: Value) {
+    /// Remembers that `status` was stored at `version` over the versions in `superseded`.
+    pub fn remember(&self, uid: &str, superseded: Vec<String>, status: Value, version: String) {
         let mut map = self.by_uid.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if map.len() >= MAX_REMEMBERED && !map.contains_key(uid) {
             map.clear();
         }
-        map.insert(uid.to_string(), Record { superseded, status });
+        map.insert(uid.to_string(), Record { superseded, status, version });
     }
 
-    /// `resource` as read from the cache, with the status last written over its version if the
-    /// cache has not caught up with that write yet.
+    /// `resource` as read from the cache, with the status (and resourceVersion) last written
+    /// over its version if the cache has not caught up with that write yet.
     pub fn freshest(&self, uid: &str, version: &str, resource: &mut Value) {
         let mut map = self.by_uid.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let Some(record) = map.get(uid) else { return };
         if record.superseded.iter().any(|v| v == version) {
             resource["status"] = record.status.clone();
+            resource["metadata"]["resourceVersion"] = Value::String(record.version.clone());
         } else {
             map.remove(uid);
         }
@@ -66,10 +70,11 @@ mod tests {
     #[test]
     fn a_stale_read_gets_the_written_status_until_the_cache_catches_up() {
         let written = Written::default();
-        written.remember("u", vec!["1".into(), "2".into()], json!({"phase": "Running"}));
-        let mut stale = json!({"metadata": {}, "status": {"phase": "Pending"}});
+        written.remember("u", vec!["1".into(), "2".into()], json!({"phase": "Running"}), "3".into());
+        let mut stale = json!({"metadata": {"resourceVersion": "2"}, "status": {"phase": "Pending"}});
         written.freshest("u", "2", &mut stale);
         assert_eq!(stale["status"]["phase"], "Running");
+        assert_eq!(stale["metadata"]["resourceVersion"], "3", "a precondition names the stored version");
         let mut other = json!({"status": {"phase": "Pending"}});
         written.freshest("v", "2", &mut other);
         assert_eq!(other["status"]["phase"], "Pending", "another resource is untouched");

@@ -81,13 +81,14 @@ pub struct Ledger {
 impl Ledger {
     /// Records request `id` of `resource` as sent. Succeeds only when the API server stored
     /// the record on the resource as observed (its resourceVersion) and kept it (a status
-    /// schema without `requests` would prune it): only then may the request be sent.
+    /// schema without `requests` would prune it): only then may the request be sent. Returns
+    /// the resource as stored, for the next record of the same plan to be made over.
     pub async fn sent(
         api: Api<DynamicObject>,
         resource: &Value,
         id: &str,
         now_ms: u64,
-    ) -> Result<Self, String> {
+    ) -> Result<(Self, Value), String> {
         let name = resource.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
         let version = resource.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null);
         let mut requests = Map::new();
@@ -105,13 +106,14 @@ impl Ledger {
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(|e| format!("recording one-shot request {id} before sending it: {e}"))?;
-        if stored.data.pointer(&format!("/status/requests/{}/state", escape(id))) != Some(&json!("Sent")) {
+        let stored = serde_json::to_value(stored).map_err(|e| format!("one-shot request {id}: {e}"))?;
+        if stored.pointer(&format!("/status/requests/{}/state", escape(id))) != Some(&json!("Sent")) {
             return Err(format!(
                 "one-shot request {id} was not sent: the status of {name} does not keep `requests` \
                  (its plugin's status schema must declare it)"
             ));
         }
-        Ok(Self { api, name, id: id.to_string() })
+        Ok((Self { api, name, id: id.to_string() }, stored))
     }
 
     /// Adds the answer to the record; a failure leaves `Sent`, which reads as an unknown
