@@ -564,6 +564,18 @@ async fn samples_start_real_servers_and_the_cr_follows_the_pods() {
     eprintln!(
         "realpods: samples Available on real pods after create: PostgreSQL at {pg:.1?}, Redis at {redis:.1?}"
     );
+    // The StatefulSet was created with its certificate in place: its pod template never
+    // changed, so no pod restarted for the certificate (they used to start on placeholder bytes
+    // and roll once it was issued).
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = env.api();
+    let pg_set = sets.get("pg").await.expect("pg StatefulSet");
+    let stamped = pg_set
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .is_some_and(|a| a.contains_key("stateward.dev/certificates-sha256"));
+    assert!(stamped && pg_set.metadata.generation == Some(1), "pg StatefulSet: {:?}", pg_set.metadata);
     // The 0.2.0 plugin reads its servers; the 0.1.0 one serves as it always did, asking nothing.
     let pg_api = POSTGRES.api(&env);
     wait_for("pg status.instances read from both servers", Duration::from_secs(60), || {

@@ -82,6 +82,9 @@ pub struct Context {
     requests: Arc<Requests>,
     /// The status last written to each resource, until the cache has it.
     written: written::Written,
+    /// Whether the certificate keeper runs: StatefulSets are then stamped with the
+    /// certificates they mount, and created only once those are issued.
+    issues_certificates: bool,
 }
 
 impl Context {
@@ -226,6 +229,7 @@ where
                 leadership: shared.leadership.clone(),
                 requests: Arc::clone(&shared.requests),
                 written: written::Written::default(),
+                issues_certificates: shared.keeper.is_some(),
             });
             debug.set_watch(&kind.plural, true);
             let api: Api<DynamicObject> = match &settings.namespace {

@@ -1,6 +1,6 @@
 //! One reconcile, in one readable place: observe → plugin → policy → apply → status.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -108,15 +108,21 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
         remember(obj, ctx, superseded(obj, &resource), &stored);
         resource = stored;
     }
+    let certificates = requested_certificates(&plan.actions);
+    let mut waiting = false;
     for action in plan.actions.iter().filter(|a| !a.is_request()) {
-        if let Err(err) = execute(ctx, action, &resource, &namespace, &children).await {
-            // What needs the user (someone else's object in the way, the API server refusing the
-            // object: a quota, an admission policy, an invalid field) goes to status and an
-            // Event; a transient failure is only retried.
-            if err.needs_the_user() {
-                degrade(obj, ctx, &resource, &err).await;
+        match execute(ctx, action, &resource, &namespace, &children, &certificates).await {
+            Ok(Applied::Done) => {}
+            Ok(Applied::Waiting) => waiting = true,
+            Err(err) => {
+                // What needs the user (someone else's object in the way, the API server refusing the
+                // object: a quota, an admission policy, an invalid field) goes to status and an
+                // Event; a transient failure is only retried.
+                if err.needs_the_user() {
+                    degrade(obj, ctx, &resource, &err).await;
+                }
+                return Err(err);
             }
-            return Err(err);
         }
     }
 
@@ -130,7 +136,34 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
     for event in &plan.events {
         ctx.events.publish(obj, event.type_, &event.reason, &event.message).await;
     }
-    Ok(Requeue::requeue(plan.requeue_after.unwrap_or(RESYNC)))
+    let requeue = plan.requeue_after.unwrap_or(RESYNC);
+    // A set waiting for its certificate is created on the Secret's change; this is the fallback.
+    Ok(Requeue::requeue(if waiting { requeue.min(WAITING_RECHECK) } else { requeue }))
+}
+
+/// How soon a reconcile whose StatefulSet waits for a certificate looks again at the latest.
+const WAITING_RECHECK: Duration = Duration::from_secs(2);
+
+/// Whether an action was carried out or waits for something outside the plan.
+enum Applied {
+    Done,
+    /// A StatefulSet not created yet: a certificate it mounts is not issued yet.
+    Waiting,
+}
+
+/// The Secrets the plan asks to be server certificates.
+fn requested_certificates(actions: &[Action]) -> BTreeSet<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::EnsureSecret { secret }
+                if super::service_certs::is_certificate_request(&secret.labels) =>
+            {
+                Some(secret.name.clone())
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The ids of the plan's requests.
@@ -191,7 +224,8 @@ async fn execute(
     resource: &Value,
     namespace: &str,
     children: &[Value],
-) -> Result<(), Error> {
+    certificates: &BTreeSet<String>,
+) -> Result<Applied, Error> {
     let (kind, name) = match action {
         Action::Apply { object } => {
             let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or_default().to_owned();
@@ -205,7 +239,7 @@ async fn execute(
         Action::Http { request } => ("Http".to_owned(), request.id.clone()),
     };
     let span = tracing::info_span!("apply", kind, name, verb = action.verb(), wrote = tracing::field::Empty);
-    execute_one(ctx, action, resource, namespace, children).instrument(span).await
+    execute_one(ctx, action, resource, namespace, children, certificates).instrument(span).await
 }
 
 async fn execute_one(
@@ -214,7 +248,8 @@ async fn execute_one(
     resource: &Value,
     namespace: &str,
     children: &[Value],
-) -> Result<(), Error> {
+    certificates: &BTreeSet<String>,
+) -> Result<Applied, Error> {
     let observed = |api_version: &str, kind: &str, name: &str| {
         children
             .iter()
@@ -227,7 +262,16 @@ async fn execute_one(
         Action::Apply { object } => {
             let s = |p: &str| object.pointer(p).and_then(Value::as_str).unwrap_or_default();
             let current = observed(s("/apiVersion"), s("/kind"), s("/metadata/name"));
-            let wrote = ctx.applier.apply(object.clone(), resource, current).await?;
+            let mut object = object.clone();
+            if ctx.issues_certificates && s("/apiVersion") == "apps/v1" && s("/kind") == "StatefulSet" {
+                if let Err(waiting) =
+                    super::service_certs::stamp_planned(&mut object, current, children, certificates)
+                {
+                    tracing::debug!(reason = %waiting, "StatefulSet not created yet");
+                    return Ok(Applied::Waiting);
+                }
+            }
+            let wrote = ctx.applier.apply(object, resource, current).await?;
             if wrote {
                 ctx.metrics.api_write("apply", s("/kind"));
             }
@@ -261,7 +305,7 @@ async fn execute_one(
     };
     tracing::Span::current().record("wrote", wrote);
     tracing::debug!(verb = action.verb(), wrote, "action");
-    Ok(())
+    Ok(Applied::Done)
 }
 
 async fn finalize(
@@ -292,8 +336,9 @@ async fn finalize(
         Scene { owner: &owner, resource, children, api: cr_api(obj, ctx), plugin: plugin.name(), now_ms };
     dispatch::dispatch(&ctx.requests, &scene, &cleanup.actions).await;
     ctx.requests.retain(&owner, &planned_ids(&cleanup.actions));
+    let certificates = requested_certificates(&cleanup.actions);
     for action in cleanup.actions.iter().filter(|a| !a.is_request()) {
-        execute(ctx, action, resource, &namespace, children).await?;
+        execute(ctx, action, resource, &namespace, children, &certificates).await?;
     }
     for event in &cleanup.events {
         ctx.events.publish(obj, event.type_, &event.reason, &event.message).await;

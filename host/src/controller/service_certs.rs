@@ -19,13 +19,15 @@
 //! cannot pass for the webhook, whose CA the API server trusts.
 //!
 //! [`CertificateKeeper`] is a controller beside the per-kind ones, started and stopped with them
-//! (only while this replica leads) and fed by the same child caches (Secrets, Services and
-//! StatefulSets carrying the instance label), with the operator's existing permissions (patch
-//! on Secrets and StatefulSets): the controller creates the labelled Secret through
-//! `ensure-secret` and never overwrites it afterwards; the keeper fills and renews it, and
-//! patches only the one pod-template annotation (a field the controller's server-side apply
-//! does not own, so the two never fight). A StatefulSet in the middle of a roll is stamped only
-//! once that roll is done ([`roll_in_progress`]), so rolls never overlap.
+//! (only while this replica leads) and fed by the same child caches (Secrets and Services
+//! carrying the instance label), with the operator's existing permissions (patch on Secrets):
+//! the controller creates the labelled Secret through `ensure-secret` and never overwrites it
+//! afterwards; the keeper fills and renews it. The controller stamps the pod template as it
+//! applies a StatefulSet ([`stamp_planned`]): a set is created only once its certificates are
+//! issued (its pods never start on placeholder bytes, so a new cluster does not roll right after
+//! it forms), a renewal is a change of a child and rolls the pods through the set's own update
+//! strategy, and a StatefulSet in the middle of a roll keeps its stamp until that roll is done
+//! ([`roll_in_progress`]), so rolls never overlap.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -177,9 +179,89 @@ pub fn stamp_pod_template(statefulset: &mut Value, certificates: &BTreeMap<Strin
     true
 }
 
+/// Stamps a StatefulSet a plan applies with the certificates its pods mount, as their Secrets
+/// among `children` hold them now (`requested`: the certificate Secrets the same plan asks
+/// for, which may not exist yet). The controller applies the stamp with the rest of the set, so
+/// the annotation has one writer, and a renewed certificate (its Secret changed: a child
+/// change, so a reconcile) rolls the pods through the plugin's own update strategy.
+///
+/// A set that does not exist yet is not created before every certificate it mounts is issued:
+/// its pods would start with the placeholder bytes `ensure-secret` wrote and restart at once
+/// for the real certificate. `Err` says which Secret it waits for; the keeper issues within a
+/// second of the Secret and the Services existing, and that write wakes the reconcile. An
+/// existing set keeps its stamp while a certificate is missing, and while it rolls (see
+/// [`roll_in_progress`]).
+pub fn stamp_planned(
+    statefulset: &mut Value,
+    existing: Option<&Value>,
+    children: &[Value],
+    requested: &BTreeSet<String>,
+) -> Result<(), String> {
+    use base64::Engine as _;
+    let Some(template) = statefulset.pointer("/spec/template") else {
+        return Ok(());
+    };
+    let labelled = |c: &&Value| {
+        c["apiVersion"] == "v1"
+            && c["kind"] == "Secret"
+            && c.pointer("/metadata/labels").and_then(|l| l.get(CERTIFICATE_LABEL)) == Some(&json!("server"))
+    };
+    let certificate_secrets: BTreeMap<&str, &Value> = children
+        .iter()
+        .filter(labelled)
+        .filter_map(|c| Some((c.pointer("/metadata/name")?.as_str()?, c)))
+        .collect();
+    let mut certificates = BTreeMap::new();
+    let mut missing = None;
+    for name in mounted_secrets(template) {
+        if !requested.contains(&name) && !certificate_secrets.contains_key(name.as_str()) {
+            continue;
+        }
+        let issued = certificate_secrets.get(name.as_str()).and_then(|secret| {
+            secret.pointer(&format!("/metadata/annotations/{}", certs::CERT_NOT_AFTER.replace('/', "~1")))?;
+            let encoded =
+                secret.pointer(&format!("/data/{}", certs::TLS_CRT.replace('/', "~1")))?.as_str()?;
+            let pem = base64::engine::general_purpose::STANDARD.decode(encoded).ok()?;
+            String::from_utf8(pem).ok()
+        });
+        match issued {
+            Some(pem) => {
+                certificates.insert(name, pem);
+            }
+            None => missing = Some(name),
+        }
+    }
+    let live = existing.and_then(|e| e.pointer(POD_ANNOTATION_POINTER)).cloned();
+    let keep_live = |statefulset: &mut Value| {
+        if let (Some(live), Some(template)) = (live.clone(), statefulset.pointer_mut("/spec/template")) {
+            if !template["metadata"].is_object() {
+                template["metadata"] = json!({});
+            }
+            if !template["metadata"]["annotations"].is_object() {
+                template["metadata"]["annotations"] = json!({});
+            }
+            template["metadata"]["annotations"][POD_ANNOTATION] = live;
+        }
+    };
+    match (missing, existing) {
+        (Some(name), None) => {
+            return Err(format!("waiting for the certificate in Secret {name} to be issued"))
+        }
+        (Some(_), Some(_)) => keep_live(statefulset),
+        (None, _) => {
+            stamp_pod_template(statefulset, &certificates);
+            let stamped = statefulset.pointer(POD_ANNOTATION_POINTER).cloned();
+            if live.is_some() && stamped != live && existing.is_some_and(roll_in_progress) {
+                keep_live(statefulset);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether a StatefulSet (as JSON) is in the middle of a rolling update: its controller has not
-/// yet observed the current spec, or its pods are not all on the update revision. The keeper
-/// does not re-stamp such a set: a new stamp mid-roll would start a second roll over the
+/// yet observed the current spec, or its pods are not all on the update revision. Such a set
+/// is not re-stamped: a new stamp mid-roll would start a second roll over the
 /// first (the pods already replaced restart again) for no gain, since the renewed Secret is
 /// already written and its old certificate is still valid for `renew_before`. The stamp
 /// follows on a later pass, once the roll is done. Sets that do not roll on their own
@@ -212,8 +294,7 @@ pub struct KeeperSettings {
     pub policy: CertPolicy,
 }
 
-/// Issues and renews the certificate Secrets of managed clusters and stamps their
-/// StatefulSets, from the service CA.
+/// Issues and renews the certificate Secrets of managed clusters from the service CA.
 pub struct CertificateKeeper {
     pub client: kube::Client,
     /// The controllers' child caches (objects carrying the instance label).
@@ -323,10 +404,9 @@ impl CertificateKeeper {
         }
     }
 
-    /// One pass: issue what is due, then stamp every StatefulSet that mounts a certificate.
+    /// One pass: issue what is due (the controllers stamp the StatefulSets, [`stamp_planned`]).
     /// Returns how many certificates were issued.
     pub async fn sync(&self) -> Result<usize, WebhookError> {
-        use k8s_openapi::api::apps::v1::StatefulSet;
         use k8s_openapi::api::core::v1::Secret;
         use kube::api::{Patch, PatchParams};
         let Some(ca) = self.service_ca().await? else {
@@ -345,7 +425,6 @@ impl CertificateKeeper {
         }
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let mut issued = 0;
-        let mut by_namespace: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         for secret in wanted {
             let (Some(ns), Some(name)) = (secret.metadata.namespace.clone(), secret.metadata.name.clone())
             else {
@@ -368,52 +447,25 @@ impl CertificateKeeper {
                     .unwrap_or_default()
             };
             let current_ca = text(certs::CA_CRT) == ca.ca_pem;
-            let pem = if sans.is_empty() {
-                continue;
-            } else if current_ca
-                && !renewal_due(secret.metadata.annotations.as_ref(), &sans, &self.settings.policy, now)
+            if sans.is_empty()
+                || (current_ca
+                    && !renewal_due(secret.metadata.annotations.as_ref(), &sans, &self.settings.policy, now))
             {
-                text(certs::TLS_CRT)
-            } else {
-                let (data, annotations) = issue(&ca, &sans, &self.settings.policy)?;
-                let patch = json!({
-                    "metadata": { "resourceVersion": secret.metadata.resource_version, "annotations": annotations },
-                    "type": "Opaque",
-                    "stringData": data,
-                });
-                let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), &ns);
-                match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                    Ok(_) => issued += 1,
-                    // The cached Secret was behind (or someone else wrote it first); the next
-                    // pass reads the result.
-                    Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                    Err(e) => return Err(WebhookError::kube("writing a certificate Secret")(e)),
-                }
-                data.get(certs::TLS_CRT).cloned().unwrap_or_default()
-            };
-            by_namespace.entry(ns).or_default().insert(name, pem);
-        }
-        for (ns, certificates) in by_namespace {
-            let sets: kube::Api<StatefulSet> = kube::Api::namespaced(self.client.clone(), &ns);
-            for sts in self.children.statefulsets(&ns) {
-                let Some(name) = sts.metadata.name.clone() else {
-                    continue;
-                };
-                let mut value = serde_json::to_value(sts.as_ref()).unwrap_or_default();
-                let before = value.pointer(POD_ANNOTATION_POINTER).cloned();
-                if !stamp_pod_template(&mut value, &certificates) {
-                    continue;
-                }
-                let after = value.pointer(POD_ANNOTATION_POINTER).cloned();
-                if before != after && roll_in_progress(&value) {
-                    tracing::debug!(namespace = %ns, statefulset = %name, "certificate changed; stamping after the roll in progress");
-                } else if before != after {
-                    let patch = json!({ "spec": { "template": { "metadata": { "annotations": { POD_ANNOTATION: after } } } } });
-                    sets.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                        .map_err(WebhookError::kube("stamping a StatefulSet"))?;
-                    tracing::info!(namespace = %ns, statefulset = %name, "certificate changed: pods roll");
-                }
+                continue;
+            }
+            let (data, annotations) = issue(&ca, &sans, &self.settings.policy)?;
+            let patch = json!({
+                "metadata": { "resourceVersion": secret.metadata.resource_version, "annotations": annotations },
+                "type": "Opaque",
+                "stringData": data,
+            });
+            let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), &ns);
+            match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => issued += 1,
+                // The cached Secret was behind (or someone else wrote it first); the next
+                // pass reads the result.
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(WebhookError::kube("writing a certificate Secret")(e)),
             }
         }
         Ok(issued)
@@ -662,5 +714,66 @@ mod tests {
         assert!(unrelated["spec"]["template"].get("metadata").is_none());
         assert!(is_certificate_request(&[(CERTIFICATE_LABEL.to_string(), "server".to_string())]));
         assert!(!is_certificate_request(&[]));
+    }
+
+    /// A planned StatefulSet waits for its certificates before it is created (its pods would
+    /// start on placeholder bytes and roll at once), is stamped from the issued ones, keeps its
+    /// stamp while a certificate is missing or it rolls, and is left alone when it mounts none.
+    #[test]
+    fn a_planned_statefulset_is_created_only_with_its_certificates_and_stamped_from_them() {
+        let planned = || {
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db"},
+                   "spec": {"template": {"spec": {"volumes": [{"name": "tls", "secret": {"secretName": "db-tls"}}]}}}})
+        };
+        let secret = |crt: Option<&str>| {
+            let mut s = json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "db-tls", "labels": {CERTIFICATE_LABEL: "server"}},
+                "data": {"tls.crt": base64_of("placeholder")}});
+            if let Some(crt) = crt {
+                s["metadata"]["annotations"] = json!({certs::CERT_NOT_AFTER: "1"});
+                s["data"]["tls.crt"] = json!(base64_of(crt));
+            }
+            s
+        };
+        let requested = BTreeSet::from(["db-tls".to_string()]);
+        let stamp = |v: &Value| v.pointer(POD_ANNOTATION_POINTER).cloned();
+
+        // Asked for in this plan, not there yet; there with its placeholder: not created.
+        let err = stamp_planned(&mut planned(), None, &[], &requested).expect_err("waits");
+        assert!(err.contains("db-tls"), "{err}");
+        stamp_planned(&mut planned(), None, &[secret(None)], &BTreeSet::new()).expect_err("waits");
+
+        // Issued: created with the stamp of the certificate.
+        let mut a = planned();
+        stamp_planned(&mut a, None, &[secret(Some("A"))], &requested).expect("created");
+        let mut expected = planned();
+        stamp_pod_template(&mut expected, &BTreeMap::from([("db-tls".to_string(), "A".to_string())]));
+        assert_eq!(stamp(&a), stamp(&expected));
+        assert!(stamp(&a).is_some());
+
+        // Renewed: the new stamp, unless the set is rolling (then the one it has).
+        let done = json!({"observedGeneration": 1, "currentRevision": "r", "updateRevision": "r"});
+        let mut existing = a.clone();
+        existing["metadata"]["generation"] = json!(1);
+        existing["status"] = done;
+        let mut b = planned();
+        stamp_planned(&mut b, Some(&existing), &[secret(Some("B"))], &requested).expect("applied");
+        assert!(stamp(&b).is_some() && stamp(&b) != stamp(&a), "a renewal rolls");
+        existing["status"]["updateRevision"] = json!("s");
+        let mut held = planned();
+        stamp_planned(&mut held, Some(&existing), &[secret(Some("B"))], &requested).expect("applied");
+        assert_eq!(stamp(&held), stamp(&a), "no second roll over the one in progress");
+
+        // The Secret gone (recreated with a placeholder): the set keeps what it has.
+        let mut kept = planned();
+        stamp_planned(&mut kept, Some(&existing), &[secret(None)], &requested).expect("applied");
+        assert_eq!(stamp(&kept), stamp(&a));
+
+        // Mounting no certificate Secret: applied as planned.
+        let mut plain = json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "spec": {"template": {"spec": {"volumes": [{"name": "c", "configMap": {"name": "db-config"}}]}}}});
+        let before = plain.clone();
+        stamp_planned(&mut plain, None, &[secret(None)], &requested).expect("applied");
+        assert_eq!(plain, before);
     }
 }

@@ -289,6 +289,7 @@ impl World {
             leadership,
             requests: crate::requests::Requests::new(client, Default::default(), outcomes),
             written: Default::default(),
+            issues_certificates: false,
         };
         Self { ctx: Arc::new(ctx), seen, _leading: leading }
     }

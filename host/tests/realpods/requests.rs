@@ -373,10 +373,13 @@ async fn faulty_requests_become_answers_with_errors_and_other_resources_keep_the
     assert!(left as usize <= count("hang", true), "{left} sleeps left by {} sends", count("hang", true));
     assert!(fds1 <= fds0 + 32, "open files grew from {fds0} to {fds1}");
     // The faults run off the reconcile path: other resources wait for CPU, never for a request.
+    // A reconcile that waited for one would wait for its timeout (2 s for the hanging and the
+    // silent ones); the margin under that is for CPU, which the other real-pods test running
+    // beside this one takes in bursts.
     let (quiet, busy, later) = (percentile(&before, 0.5), percentile(&during, 0.5), percentile(&after, 0.5));
     for (when, p50) in [("while the faults start", busy), ("while they go on", later)] {
         assert!(
-            p50 <= quiet * 2 + Duration::from_millis(300),
+            p50 <= quiet * 2 + Duration::from_millis(1000),
             "other resources' p50 {quiet:?} before, {p50:?} {when}: {during:?} / {after:?}"
         );
     }

@@ -186,13 +186,30 @@ clone() {{
     log "cloning the primary at $rw into $PGDATA with pg_basebackup"
     # This member's slot on the primary (the operator makes one for every member) keeps the WAL
     # it has not streamed yet; made here when the operator has not yet.
-    if ! pg_basebackup --pgdata="$scratch" --host="$rw" --port=5432 --username="$repl" --no-password \
-        --wal-method=stream --checkpoint=fast --slot="$slot" >&2; then
+    # A pod just created may not resolve back to its name yet (the primary's pg_hba.conf accepts
+    # replication only from the cluster's pod names): a few tries here rather than a restart of
+    # the container, which the kubelet delays more each time.
+    tries=0
+    while :; do
+        if pg_basebackup --pgdata="$scratch" --host="$rw" --port=5432 --username="$repl" --no-password \
+            --wal-method=stream --checkpoint=fast --slot="$slot" >&2; then
+            break
+        fi
         rm -rf -- "$scratch"
         log "pg_basebackup with the slot $slot failed; once more, making the slot"
-        pg_basebackup --pgdata="$scratch" --host="$rw" --port=5432 --username="$repl" --no-password \
-            --wal-method=stream --checkpoint=fast --create-slot --slot="$slot" >&2
-    fi
+        if pg_basebackup --pgdata="$scratch" --host="$rw" --port=5432 --username="$repl" --no-password \
+            --wal-method=stream --checkpoint=fast --create-slot --slot="$slot" >&2; then
+            break
+        fi
+        rm -rf -- "$scratch"
+        tries=$((tries + 1))
+        if [ "$tries" -ge 15 ]; then
+            log "pg_basebackup failed $tries times; leaving it to the kubelet to start this member again"
+            exit 1
+        fi
+        log "pg_basebackup failed; again in 2 s"
+        sleep 2
+    done
     rm -rf -- "$PGDATA"
     mv -- "$scratch" "$PGDATA"
     log "cloned $PGDATA from $rw"
