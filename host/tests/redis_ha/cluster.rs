@@ -1,5 +1,6 @@
 //! Must show 2: cluster mode, 3 shards × 1 replica. The plugin forms the cluster (all 16384
-//! slots), 1000 keys spread over every shard; a master's pod deleted → its replica takes over
+//! slots), 1000 keys spread over every shard; the switchover annotation makes a replica its
+//! shard's master with every key (and names no pod outside the cluster); a master's pod deleted → its replica takes over
 //! within 20 s with every key; all three masters deleted at once (no master is left to vote a
 //! replica in: they come back from their volumes) → ok again with every key; all
 //! six pods deleted at once (every address changes, so no node can find another by itself) →
@@ -131,6 +132,40 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     assert!(per_master.iter().all(|(_, n)| *n > 0), "every shard holds keys: {per_master:?}");
     assert_eq!(per_master.iter().map(|(_, n)| n).sum::<usize>(), KEYS);
     assert_eq!(cluster_keys_readable(&env), KEYS);
+
+    // The switchover annotation: the replica of the first shard takes it over (`CLUSTER
+    // FAILOVER`, its master holding its clients until it has every write); a pod that is not
+    // one of the cluster's is refused.
+    let (old, to) = (sh[0].0.clone(), sh[0].1[0].clone());
+    let asked = Instant::now();
+    let done = super::switch_over_to(&env, "shop", &to).await;
+    let (sh, _) = wait_cluster_ok(&env, "switched over", Duration::from_secs(120)).await;
+    let readable = cluster_keys_readable(&env);
+    eprintln!(
+        "realpods-redis: cluster: switchover to {to}: Done {done:.1?} after the annotation, ok again {:.1?} after it; {readable}/{KEYS} keys; shards {sh:?}",
+        asked.elapsed()
+    );
+    assert!(
+        sh.iter().any(|(m, r)| *m == to && r.as_slice() == std::slice::from_ref(&old)),
+        "{to} took over, {old} follows it: {sh:?}"
+    );
+    assert_eq!(readable, KEYS);
+    kubectl_ok(&env, &["annotate", "--overwrite", "rdc", "shop", "stateward.dev/switchover-to=shop-9"]);
+    let api = REDIS.api(&env);
+    let (refused, _) = wait_for("switchover to shop-9 Refused", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, "shop").await.ok_or("CR not found")?;
+            let sw = cr.pointer("/status/switchover").cloned().unwrap_or(Value::Null);
+            if sw["asked"] == "shop-9" && sw["phase"] == "Refused" {
+                Ok(sw["message"].as_str().unwrap_or_default().to_string())
+            } else {
+                Err(sw.to_string())
+            }
+        }
+    })
+    .await;
+    assert!(refused.contains("not a pod of this cluster"), "{refused}");
 
     // One master's pod deleted: its replica takes over.
     let (victim, heir) = (sh[0].0.clone(), sh[0].1[0].clone());

@@ -482,7 +482,7 @@ async fn switchover_to_a_named_replica() {
     write_keys(&env, "cache-master", 2);
     let to = replicas.last().unwrap_or_else(|| panic!("no replica")).clone();
     let asked = Instant::now();
-    let done = switch_over_to(&env, &to).await;
+    let done = switch_over_to(&env, "cache", &to).await;
     let api = REDIS.api(&env);
     let cr = get_cr(&api, "cache").await.unwrap_or_else(|| panic!("CR gone"));
     eprintln!(
@@ -535,16 +535,14 @@ async fn switchover_to_a_named_replica() {
 
 /// Annotates the cluster `cache` to switch over to `to` and waits until that switchover is
 /// `Done` (panics if it is refused or fails); how long it took.
-async fn switch_over_to(env: &TestEnv, to: &str) -> Duration {
-    kubectl_ok(
-        env,
-        &["annotate", "--overwrite", "rdc", "cache", &format!("stateward.dev/switchover-to={to}")],
-    );
+/// Annotates the RedisCluster `name` to switch over to `to`; how long until status says Done.
+async fn switch_over_to(env: &TestEnv, name: &str, to: &str) -> Duration {
+    kubectl_ok(env, &["annotate", "--overwrite", "rdc", name, &format!("stateward.dev/switchover-to={to}")]);
     let api = REDIS.api(env);
     let (_, done) = wait_for(&format!("switchover to {to} Done"), Duration::from_secs(120), || {
         let api = api.clone();
         async move {
-            let cr = get_cr(&api, "cache").await.ok_or("CR not found")?;
+            let cr = get_cr(&api, name).await.ok_or("CR not found")?;
             let sw = cr.pointer("/status/switchover").cloned().unwrap_or(Value::Null);
             // The one asked here (the roll at formation may have made another before).
             let ours = sw["asked"] == json!(to) && sw["to"] == json!(to);
@@ -676,7 +674,7 @@ async fn scales_in_past_the_master(env: &TestEnv, master: &str) {
     kubectl_ok(env, &["patch", "rdc", "cache", "--type=merge", "-p", r#"{"spec":{"replicas":4}}"#]);
     wait_replicated(env, "cache", 4, Duration::from_secs(180)).await;
     let grown = started.elapsed();
-    switch_over_to(env, "cache-3").await;
+    switch_over_to(env, "cache", "cache-3").await;
     write_keys(env, "cache-master", 3);
     let shrink = Instant::now();
     kubectl_ok(env, &["patch", "rdc", "cache", "--type=merge", "-p", r#"{"spec":{"replicas":3}}"#]);

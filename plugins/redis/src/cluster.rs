@@ -326,6 +326,95 @@ pub fn formed_event(answer: &Result<String, String>) -> Event {
     }
 }
 
+/// A switchover not done within this is Failed: `CLUSTER FAILOVER` takes a few seconds (the
+/// replica catches up while its master holds its clients, then the others vote).
+pub const SWITCHOVER_TIMEOUT_MS: u64 = 60_000;
+
+/// What a switchover step decided (cluster mode).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Switch {
+    pub state: crate::switchover::State,
+    /// `CLUSTER FAILOVER` to send to this pod, once (its request id from [`switchover_id`]).
+    pub failover: Option<String>,
+    pub events: Vec<Event>,
+}
+
+/// The one-shot request id of the `CLUSTER FAILOVER` of a switchover.
+pub fn switchover_id(st: &crate::switchover::State) -> String {
+    format!("cluster-switchover-{}-{}", st.to, st.started_at_ms)
+}
+
+/// The annotation `stateward.dev/switchover-to: <pod>` in cluster mode: the named pod, a
+/// replica, takes over its shard with `CLUSTER FAILOVER` (its master holds its clients back
+/// until the replica has every write, so none is lost), and the old master follows it. Done
+/// once the named pod serves the shard's slots; Refused at once when it is not a replica or
+/// the cluster is not ok; Failed on an error answered or after [`SWITCHOVER_TIMEOUT_MS`].
+/// `answer`: the answer to the `CLUSTER FAILOVER` sent, if any (Err: why it failed).
+pub fn switchover(
+    prev: &crate::switchover::State,
+    annotation: Option<&str>,
+    d: &Decision,
+    answer: Option<Result<(), String>>,
+    now_ms: u64,
+) -> Switch {
+    let mut out = Switch { state: prev.clone(), ..Switch::default() };
+    let st = &mut out.state;
+    let role = |p: &str| d.roles.iter().find(|(n, _)| n == p).and_then(|(_, r)| *r);
+    let event = |kind: EventType, st: &crate::switchover::State| Event {
+        type_: kind,
+        reason: format!("Switchover{}", st.phase),
+        message: format!("switchover to {}: {}", st.to, st.message),
+    };
+    let asked = annotation.map(str::trim).filter(|a| !a.is_empty());
+    if let Some(to) = asked.filter(|a| *a != prev.asked) {
+        let master = d.shards.iter().find(|s| s.replicas.iter().any(|r| r == to)).map(|s| s.master.clone());
+        *st = crate::switchover::State {
+            asked: to.to_string(),
+            to: to.to_string(),
+            from: master.clone().unwrap_or_default(),
+            started_at_ms: now_ms,
+            ..Default::default()
+        };
+        let known = d.roles.iter().any(|(p, _)| p == to);
+        (st.phase, st.message) = if !known {
+            ("Refused".into(), format!("{to} is not a pod of this cluster"))
+        } else if role(to) == Some("master") {
+            ("Done".into(), format!("{to} is a master already"))
+        } else if master.is_none() {
+            ("Refused".into(), format!("{to} is not a replica following a master"))
+        } else if d.state != "ok" {
+            ("Refused".into(), format!("the cluster is not ok (cluster_state {})", d.state))
+        } else {
+            ("FailingOver".into(), format!("{to} takes over from {} (CLUSTER FAILOVER)", st.from))
+        };
+        let kind = if st.phase == "Refused" { EventType::Warning } else { EventType::Normal };
+        out.events.push(event(kind, st));
+    }
+    if st.phase != "FailingOver" {
+        return out;
+    }
+    let took = now_ms.saturating_sub(st.started_at_ms);
+    if role(&st.to) == Some("master") {
+        st.phase = "Done".into();
+        st.message = format!(
+            "{} serves the shard's slots, {} follows it ({took} ms after it was asked)",
+            st.to, st.from
+        );
+        out.events.push(event(EventType::Normal, st));
+    } else if let Some(Err(why)) = answer {
+        st.phase = "Failed".into();
+        st.message = format!("CLUSTER FAILOVER on {}: {why:.200}", st.to);
+        out.events.push(event(EventType::Warning, st));
+    } else if took > SWITCHOVER_TIMEOUT_MS {
+        st.phase = "Failed".into();
+        st.message = format!("{} did not take over within {} s", st.to, SWITCHOVER_TIMEOUT_MS / 1000);
+        out.events.push(event(EventType::Warning, st));
+    } else {
+        out.failover = Some(st.to.clone());
+    }
+    out
+}
+
 /// `members` in the order of their pods' ordinals (without sorting: see [`decide`]).
 fn by_ordinal(members: &[Member]) -> Vec<&Member> {
     let ordinal = |m: &Member| crate::roll::ordinal(&m.pod);

@@ -9,7 +9,7 @@
 use serde_json::{json, Value};
 use stateward_sdk::builders::Ctx;
 use stateward_sdk::live::{failure, poll_exec, response, Live, LiveInput, PodView, Reading, Threshold};
-use stateward_sdk::{Action, Event, EventType, ExecRequest, ObjectRef, PodLabels, RequestMode};
+use stateward_sdk::{Action, Event, EventType, ExecRequest, PodLabels, RequestMode};
 
 use crate::roles::{self, Info, Member, SentinelView};
 use crate::{cluster, roll, switchover};
@@ -244,18 +244,7 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                 d.master.as_deref(),
                 previous.is_some(),
             ) {
-                Some(roll::Step::Replace { pod, why }) => {
-                    live.events.push(Event {
-                        type_: EventType::Normal,
-                        reason: "ReplacingPod".into(),
-                        message: format!("replacing {pod}: {why}"),
-                    });
-                    live.actions.push(Action::Delete(ObjectRef {
-                        api_version: "v1".into(),
-                        kind: "Pod".into(),
-                        name: pod,
-                    }));
-                }
+                Some(roll::Step::Replace { pod, why }) => live.replace_pod(pod, &why),
                 Some(roll::Step::Switchover { to, why }) if switchover::may_begin(&prev, input.now_ms) => {
                     let (started, event) = switchover::begin(&prev, &to, &why, &view, input.now_ms);
                     prev = started;
@@ -374,13 +363,15 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
             timeout_ms,
         })
     };
+    let prev = switchover::State::from_status(input.status);
+    let poll = if prev.active() { SWITCHOVER_POLL_MS } else { POLL_MS };
     let mut members = Vec::new();
     for pod in &input.pods {
         let id = request_id("cluster", pod);
         if pod.can_exec("redis") && !pod.deleting {
             live.actions.push(Action::Exec(ExecRequest {
                 id: id.clone(),
-                mode: RequestMode::EveryMs(POLL_MS),
+                mode: RequestMode::EveryMs(poll),
                 pod: pod.name.clone(),
                 container: "redis".into(),
                 command: cli(&[]),
@@ -440,19 +431,36 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
         live.actions.push(once(format!("cluster-create-{uid}"), pod, cli(&args), CREATE_TIMEOUT_MS));
     }
-    match cluster::roll(&members, &d, d.formed, pods) {
+    // The switchover the annotation asks for; no roll while one is under way.
+    let answer = response(input.responses, &cluster::switchover_id(&prev)).map(|r| {
+        if r.succeeded() && switchover::answered_ok(&r.stdout) {
+            Ok(())
+        } else if r.succeeded() {
+            Err(r.stdout.trim().to_string())
+        } else {
+            Err(failure(r, "redis-cli"))
+        }
+    });
+    let sw = cluster::switchover(&prev, input.annotation(switchover::ANNOTATION), &d, answer, input.now_ms);
+    if let Some(pod) = &sw.failover {
+        live.actions.push(once(
+            cluster::switchover_id(&sw.state),
+            pod,
+            cli(&["cluster", "failover"]),
+            TIMEOUT_MS,
+        ));
+    }
+    // Each step waits for a fresh answer: looked at again sooner while one is under way.
+    let wake = sw.state.active().then_some(SWITCHOVER_POLL_MS);
+    if !sw.state.to.is_empty() {
+        live.status.insert("switchover".into(), sw.state.to_status());
+    }
+    live.events.extend(sw.events);
+    let rolling = if sw.state.active() { None } else { cluster::roll(&members, &d, d.formed, pods) };
+    match rolling {
         Some(cluster::RollStep::Replace { pods, why }) => {
             for pod in pods {
-                live.events.push(Event {
-                    type_: EventType::Normal,
-                    reason: "ReplacingPod".into(),
-                    message: format!("replacing {pod}: {why}"),
-                });
-                live.actions.push(Action::Delete(ObjectRef {
-                    api_version: "v1".into(),
-                    kind: "Pod".into(),
-                    name: pod,
-                }));
+                live.replace_pod(pod, &why);
             }
         }
         Some(cluster::RollStep::Failover { replica, master }) => {
@@ -514,7 +522,11 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     if input.pods.is_empty() {
         return live;
     }
-    live.checked(input, MEMORY, &[], instances, POLL_MS)
+    let mut live = live.checked(input, MEMORY, &[], instances, POLL_MS);
+    if let Some(w) = wake {
+        live.requeue_after_ms = Some(live.requeue_after_ms.map_or(w, |r| r.min(w)));
+    }
+    live
 }
 
 /// How long a quorum of Sentinels may see the master objectively down with none of them

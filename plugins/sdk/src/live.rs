@@ -259,6 +259,21 @@ pub struct Live {
 }
 
 impl Live {
+    /// Deletes `pod` (its StatefulSet makes it again from the current revision: a roll step
+    /// under `OnDelete`) and says why in a `ReplacingPod` event.
+    pub fn replace_pod(&mut self, pod: String, why: &str) {
+        self.events.push(Event {
+            type_: EventType::Normal,
+            reason: "ReplacingPod".into(),
+            message: format!("replacing {pod}: {why}"),
+        });
+        self.actions.push(Action::Delete(ObjectRef {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: pod,
+        }));
+    }
+
     /// Ends a plugin's look at its instances: `instances` and the streaks of `threshold` over
     /// `readings` go to status, the check's condition and the Warning it starts to the plan,
     /// and the next poll is due in `poll_ms`.

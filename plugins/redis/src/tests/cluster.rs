@@ -292,3 +292,70 @@ fn the_formation_answer_is_told_once() {
     let (told, _) = run(json!({ "cluster": { "formed": true, "formation": "Formed" } }));
     assert_eq!(told, 0);
 }
+
+/// The annotation in cluster mode: refused for a pod that is not a replica (or not a pod, or
+/// while the cluster is not ok), `CLUSTER FAILOVER` on the named replica until it serves the
+/// shard's slots, Failed on an error answered or past the timeout, and asked once only.
+#[test]
+fn a_switchover_fails_over_to_the_named_replica_of_its_shard() {
+    use crate::cluster::{switchover, SWITCHOVER_TIMEOUT_MS};
+    use crate::switchover::State;
+    let view = |me: &str| parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(me))).unwrap();
+    let members = vec![
+        member("cache-0", "10.0.0.1", Some(view(A))),
+        member("cache-1", "10.0.0.2", Some(view(B))),
+        member("cache-2", "10.0.0.3", Some(view(C))),
+        member("cache-3", "10.0.0.4", Some(view(D))),
+    ];
+    let d = decide(&members, true, 4, 1);
+    let none = State::default();
+    for (asked, why) in [("cache-1", "is a master already"), ("cache-9", "is not a pod of this cluster")] {
+        let s = switchover(&none, Some(asked), &d, None, 1_000);
+        assert!(s.state.message.contains(why) && s.failover.is_none(), "{asked}: {:?}", s.state);
+    }
+    let mut failing = d.clone();
+    failing.state = "fail".into();
+    let s = switchover(&none, Some("cache-3"), &failing, None, 1_000);
+    assert_eq!((s.state.phase.as_str(), s.failover), ("Refused", None), "{:?}", s.state);
+
+    let started = switchover(&none, Some("cache-3"), &d, None, 1_000);
+    assert_eq!(
+        (started.state.phase.as_str(), started.state.from.as_str(), started.failover.as_deref()),
+        ("FailingOver", "cache-0", Some("cache-3"))
+    );
+    assert_eq!(started.events[0].reason, "SwitchoverFailingOver");
+    // Asked again while under way: the same request (sent once by its id), no new event.
+    let again = switchover(&started.state, Some("cache-3"), &d, Some(Ok(())), 2_000);
+    assert_eq!((again.failover.as_deref(), again.events.len()), (Some("cache-3"), 0));
+
+    // cache-3 serves a's slots now, and a follows it.
+    let swapped = |me: &str| {
+        let text = nodes(me)
+            .lines()
+            .map(|l| match l.split(' ').next() {
+                Some(id) if id == A => l.replace("master - ", &format!("slave {D} ")).replace(" 0-5460", ""),
+                Some(id) if id == D => l.replace(&format!("slave {A} "), "master - ") + "0-5460",
+                _ => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        parse(&(info("ok", SLOTS, SLOTS, 4) + &text)).unwrap()
+    };
+    let after: Vec<Member> = ["cache-0", "cache-1", "cache-2", "cache-3"]
+        .iter()
+        .zip([A, B, C, D])
+        .enumerate()
+        .map(|(i, (pod, id))| member(pod, &format!("10.0.0.{}", i + 1), Some(swapped(id))))
+        .collect();
+    let d_after = decide(&after, true, 4, 1);
+    assert_eq!(d_after.roles[3].1, Some("master"), "{:?}", d_after.roles);
+    let done = switchover(&started.state, Some("cache-3"), &d_after, Some(Ok(())), 4_500);
+    assert_eq!((done.state.phase.as_str(), done.failover), ("Done", None), "{:?}", done.state);
+    assert!(done.state.message.contains("3500 ms"), "{}", done.state.message);
+
+    let refused =
+        switchover(&started.state, Some("cache-3"), &d, Some(Err("ERR not a replica".into())), 2_000);
+    assert_eq!(refused.state.phase, "Failed");
+    let late = switchover(&started.state, Some("cache-3"), &d, None, 1_001 + SWITCHOVER_TIMEOUT_MS);
+    assert_eq!((late.state.phase.as_str(), late.failover), ("Failed", None));
+}
