@@ -1,10 +1,12 @@
 //! Must show 2: cluster mode, 3 shards × 1 replica. The plugin forms the cluster (all 16384
 //! slots), 1000 keys spread over every shard; the switchover annotation makes a replica its
-//! shard's master with every key (and names no pod outside the cluster); a master's pod deleted → its replica takes over
-//! within 20 s with every key; all three masters deleted at once (no master is left to vote a
-//! replica in: they come back from their volumes) → ok again with every key; all
-//! six pods deleted at once (every address changes, so no node can find another by itself) →
-//! ok again with every key, the plugin's `CLUSTER MEET` reconnecting them.
+//! shard's master with every key (and names no pod outside the cluster); a master's pod
+//! deleted → its replica takes over within 20 s with every key; all three masters deleted at
+//! once (no master is left to vote a replica in: they come back from their volumes) → ok again
+//! with every key; all six pods deleted at once (every address changes, so no node can find
+//! another by itself) → ok again with every key, the plugin's `CLUSTER MEET` reconnecting them.
+//! Must show 3: a fourth shard added and removed again, its share of the slots and keys moved
+//! each way.
 
 use super::*;
 
@@ -32,8 +34,18 @@ async fn wait_cluster_ok(
     what: &str,
     timeout: Duration,
 ) -> (Vec<(String, Vec<String>)>, Duration) {
+    wait_shards_ok(env, what, 3, timeout).await
+}
+
+/// [`wait_cluster_ok`] with `n` shards (of 1 replica each, on 2 × `n` pods).
+async fn wait_shards_ok(
+    env: &TestEnv,
+    what: &str,
+    n: usize,
+    timeout: Duration,
+) -> (Vec<(String, Vec<String>)>, Duration) {
     let api = REDIS.api(env);
-    wait_for(&format!("shop: {what}: cluster ok, 3 shards × 1 replica"), timeout, || {
+    wait_for(&format!("shop: {what}: cluster ok, {n} shards × 1 replica"), timeout, || {
         let api = api.clone();
         async move {
             let cr = get_cr(&api, "shop").await.ok_or("CR not found")?;
@@ -42,16 +54,17 @@ async fn wait_cluster_ok(
             let pods = super::super::pg_ha::pods(env, "shop").await;
             let out = super::super::kubectl_in(env, &["get", "statefulset", "shop", "-o", "json"]);
             let sts: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-            let rolled =
-                sts["status"]["updatedReplicas"] == json!(6) && sts["status"]["readyReplicas"] == json!(6);
+            let rolled = sts["status"]["updatedReplicas"] == json!(2 * n)
+                && sts["status"]["readyReplicas"] == json!(2 * n)
+                && sts["spec"]["replicas"] == json!(2 * n);
             let masters: BTreeSet<String> = sh.iter().map(|s| s.0.clone()).collect();
             let eps = endpoints(env, "shop").await;
             let ok = c["formed"] == json!(true)
                 && c["state"] == "ok"
                 && c["slotsOk"] == json!(16384)
-                && sh.len() == 3
+                && sh.len() == n
                 && sh.iter().all(|s| s.1.len() == 1)
-                && pods.len() == 6
+                && pods.len() == 2 * n
                 && pods.iter().all(|p| p.ready && !p.deleting)
                 && rolled
                 && eps == masters;
@@ -229,8 +242,49 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
         "realpods-redis: cluster: all 6 pods deleted: ok again {took:.1?} later ({:.1?} in all); {readable}/{KEYS} keys; shards {end:?}",
         started.elapsed()
     );
-    eprintln!("realpods-redis: cluster events: {events:#?}");
     assert_eq!(readable, KEYS);
     assert!(events.iter().any(|e| e.contains("ClusterFormed")), "{events:#?}");
+
+    // Must show 3: a fourth shard (8 pods), which takes its share of the slots and their keys;
+    // then back to 3, its slots and keys moved off before its pods go.
+    let keys_per_master = |sh: &[(String, Vec<String>)]| -> Vec<(String, usize)> {
+        sh.iter()
+            .map(|(m, _)| {
+                let n = client_sh(&env, &format!("redis-cli -h {m}.shop-headless DBSIZE"));
+                (m.clone(), n.trim().parse().unwrap_or(0))
+            })
+            .collect()
+    };
+    let scale = |shards: usize| {
+        let patch = json!({"spec": {"replicas": 2 * shards, "cluster": {"shards": shards}}}).to_string();
+        kubectl_ok(&env, &["patch", "rdc", "shop", "--type=merge", "-p", &patch]);
+    };
+    let started = Instant::now();
+    scale(4);
+    let (four, took) = wait_shards_ok(&env, "scaled out to 4 shards", 4, Duration::from_secs(300)).await;
+    let per_master = keys_per_master(&four);
+    let readable = cluster_keys_readable(&env);
+    eprintln!(
+        "realpods-redis: cluster: 3 -> 4 shards in {took:.1?} ({:.1?} in all); {readable}/{KEYS} keys; keys per master {per_master:?}; shards {four:?}",
+        started.elapsed()
+    );
+    assert_eq!(readable, KEYS);
+    assert!(
+        per_master.iter().all(|(_, n)| *n > 0),
+        "every shard, the new one too, holds keys: {per_master:?}"
+    );
+    let started = Instant::now();
+    scale(3);
+    let (three, took) = wait_cluster_ok(&env, "scaled in to 3 shards", Duration::from_secs(300)).await;
+    let per_master = keys_per_master(&three);
+    let readable = cluster_keys_readable(&env);
+    let events = super::super::pg_ha::cr_events(&env, "shop").await;
+    eprintln!(
+        "realpods-redis: cluster: 4 -> 3 shards in {took:.1?} ({:.1?} in all); {readable}/{KEYS} keys; keys per master {per_master:?}; shards {three:?}",
+        started.elapsed()
+    );
+    eprintln!("realpods-redis: cluster events: {events:#?}");
+    assert_eq!(readable, KEYS);
+    assert_eq!(per_master.iter().map(|(_, n)| n).sum::<usize>(), KEYS, "{per_master:?}");
     drop(op);
 }

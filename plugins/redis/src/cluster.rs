@@ -415,6 +415,152 @@ pub fn switchover(
     out
 }
 
+/// One step of bringing the cluster to the shape the spec asks for (`spec.cluster.shards`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScaleStep {
+    /// `CLUSTER FAILOVER` on `replica`, which stays, in place of `master`, whose pod goes: the
+    /// shard moves without moving a key.
+    Failover { replica: String, master: String },
+    /// `CLUSTER REPLICATE <master_id>` on `pod` (an empty master or another node's replica).
+    Replicate { pod: String, master: String, master_id: String },
+    /// `redis-cli --cluster rebalance` from `pod` over the masters that stay (the empty ones
+    /// included), the nodes in `drain` (their ids) giving all their slots away.
+    Rebalance { pod: String, drain: Vec<String> },
+    /// `redis-cli --cluster del-node` from `pod`: every node forgets `node`, the server of the
+    /// pod `gone` that holds nothing any more (it shuts down).
+    Forget { pod: String, gone: String, node: String },
+}
+
+/// What scaling needs now: a step (None: nothing to do, or waiting), and the StatefulSet held
+/// at its size while a pod that goes still holds slots or is known to the others.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Scale {
+    pub step: Option<ScaleStep>,
+    pub hold: Option<i64>,
+}
+
+/// The next step towards `shards` masters with `per_shard` replicas each on the pods whose
+/// ordinals are below `pods` (the spec's), one step a plan, only while every pod is there,
+/// Ready and answering and the cluster is ok:
+/// - scale-out: the new pods' servers join as empty masters (the meetings of [`decide`]); the
+///   first of them become masters, the others replicas of the masters short of replicas
+///   (`CLUSTER REPLICATE`), then `--cluster rebalance --cluster-use-empty-masters` moves an
+///   even share of the slots, with their keys, to the new masters;
+/// - scale-in: a master whose pod goes hands its shard to a replica that stays when one does
+///   (`CLUSTER FAILOVER`); otherwise, and for masters beyond `shards`, a rebalance gives their
+///   slots (and keys) to the masters that stay; the replicas that stay are moved to masters
+///   short of them; the pods that go are forgotten (`--cluster del-node`), and only then may
+///   the StatefulSet shrink.
+pub fn scale(members: &[Member], d: &Decision, pods: usize, shards: usize, per_shard: usize) -> Scale {
+    let ordinal = |m: &Member| crate::roll::ordinal(&m.pod).and_then(|o| usize::try_from(o).ok());
+    let goes = |m: &Member| ordinal(m).is_none_or(|o| o >= pods);
+    let own: Vec<(&Member, &Node)> =
+        by_ordinal(members).into_iter().filter_map(|m| Some((m, m.view()?.myself()?))).collect();
+    let kept_ids: Vec<&str> = own.iter().filter(|(m, _)| !goes(m)).map(|(_, n)| n.id.as_str()).collect();
+    // Held while a server that stays lists a node that is not one of theirs (a pod that goes,
+    // until it is forgotten), or a pod that goes holds slots.
+    let foreign = members
+        .iter()
+        .filter(|m| !goes(m))
+        .filter_map(Member::view)
+        .any(|v| v.nodes.iter().any(|n| !kept_ids.contains(&n.id.as_str()) && !n.failing && n.connected));
+    let gone_slots = own.iter().any(|(m, n)| goes(m) && n.slots > 0);
+    let highest = members.iter().filter_map(ordinal).max().map_or(0, |o| o + 1);
+    let mut out = Scale {
+        step: None,
+        hold: (highest > pods && (foreign || gone_slots)).then(|| i64::try_from(highest).unwrap_or(i64::MAX)),
+    };
+    let settled = own.len() == members.len()
+        && members.iter().all(|m| m.ready && !m.deleting)
+        && d.formed
+        && d.state == "ok"
+        && d.meets.is_empty()
+        && own.iter().filter(|(m, _)| !goes(m)).count() == pods;
+    if !settled {
+        return out;
+    }
+    let (kept, gone): (Vec<(&Member, &Node)>, Vec<(&Member, &Node)>) =
+        own.iter().partition(|(m, _)| !goes(m));
+    let serving: Vec<&(&Member, &Node)> = kept.iter().filter(|(_, n)| n.master && n.slots > 0).collect();
+    // A shard whose master goes and whose replica stays: that replica takes over.
+    if serving.len() < shards {
+        for (g, gn) in gone.iter().filter(|(_, n)| n.master && n.slots > 0) {
+            if let Some((k, _)) = kept.iter().find(|(_, n)| n.master_id.as_deref() == Some(gn.id.as_str())) {
+                out.step = Some(ScaleStep::Failover { replica: k.pod.clone(), master: g.pod.clone() });
+                return out;
+            }
+        }
+    }
+    // The masters that stay: those serving slots first, then empty ones, by ordinal.
+    let mut masters: Vec<&(&Member, &Node)> = serving.into_iter().take(shards).collect();
+    for empty in kept.iter().filter(|(_, n)| n.master && n.slots == 0) {
+        if masters.len() < shards {
+            masters.push(empty);
+        }
+    }
+    if masters.len() < shards {
+        return out;
+    }
+    let is_master = |id: &str| masters.iter().any(|(_, n)| n.id == id);
+    // Every other pod that stays follows one of them, `per_shard` each.
+    for (k, kn) in kept.iter().filter(|(_, n)| !is_master(&n.id)) {
+        if kn.master_id.as_deref().is_some_and(is_master) || (kn.master && kn.slots > 0) {
+            continue; // following one already, or serving slots until the rebalance drains it
+        }
+        let followers = |id: &str| kept.iter().filter(|(_, n)| n.master_id.as_deref() == Some(id)).count();
+        let short = masters
+            .iter()
+            .filter(|(_, n)| followers(&n.id) < per_shard)
+            .min_by_key(|(_, n)| followers(&n.id));
+        if let Some((m, mn)) = short {
+            out.step = Some(ScaleStep::Replicate {
+                pod: k.pod.clone(),
+                master: m.pod.clone(),
+                master_id: mn.id.clone(),
+            });
+            return out;
+        }
+    }
+    // A master with more replicas than its share gives one to a master short of them.
+    let followers = |id: &str| kept.iter().filter(|(_, n)| n.master_id.as_deref() == Some(id)).count();
+    let short =
+        masters.iter().filter(|(_, n)| followers(&n.id) < per_shard).min_by_key(|(_, n)| followers(&n.id));
+    let spare = masters
+        .iter()
+        .find(|(_, n)| followers(&n.id) > per_shard)
+        .and_then(|(_, n)| kept.iter().rev().find(|(_, r)| r.master_id.as_deref() == Some(n.id.as_str())));
+    if let (Some((m, mn)), Some((r, _))) = (short, spare) {
+        out.step = Some(ScaleStep::Replicate {
+            pod: r.pod.clone(),
+            master: m.pod.clone(),
+            master_id: mn.id.clone(),
+        });
+        return out;
+    }
+    // Slots on exactly the masters that stay.
+    let drain: Vec<String> =
+        own.iter().filter(|(_, n)| n.master && !is_master(&n.id)).map(|(_, n)| n.id.clone()).collect();
+    let uneven = masters.iter().any(|(_, n)| n.slots == 0)
+        || own.iter().any(|(_, n)| !is_master(&n.id) && n.slots > 0);
+    let first = masters[0].0.pod.clone();
+    if uneven {
+        out.step = Some(ScaleStep::Rebalance { pod: first, drain });
+        return out;
+    }
+    // The pods that go, forgotten.
+    let listed = |id: &str| {
+        members
+            .iter()
+            .filter(|m| !goes(m))
+            .filter_map(Member::view)
+            .any(|v| v.nodes.iter().any(|n| n.id == id))
+    };
+    if let Some((g, gn)) = gone.iter().find(|(_, n)| listed(&n.id)) {
+        out.step = Some(ScaleStep::Forget { pod: first, gone: g.pod.clone(), node: gn.id.clone() });
+    }
+    out
+}
+
 /// `members` in the order of their pods' ordinals (without sorting: see [`decide`]).
 fn by_ordinal(members: &[Member]) -> Vec<&Member> {
     let ordinal = |m: &Member| crate::roll::ordinal(&m.pod);

@@ -339,6 +339,8 @@ fn ask_sentinel(id: String, pod: &str, args: &[&str]) -> Action {
 
 /// How long forming the cluster may take (`--cluster create` waits for the nodes to agree).
 const CREATE_TIMEOUT_MS: u32 = 60_000;
+/// How long moving slots may take (`--cluster rebalance` migrates their keys, a batch at a time).
+const REBALANCE_TIMEOUT_MS: u32 = 300_000;
 
 /// Cluster mode (see [`cluster`]): every pod's `CLUSTER INFO` and `CLUSTER NODES`, the cluster
 /// formed once, addresses repaired, role labels and status.
@@ -419,7 +421,7 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
             Err(why) => formation_error = why,
         }
     }
-    let (_, per_shard) = spec::cluster_shape(&ctx.cluster.spec.raw);
+    let (shards, per_shard) = spec::cluster_shape(&ctx.cluster.spec.raw);
     let pods = usize::try_from(ctx.cluster.spec.replicas).unwrap_or(0);
     let d = cluster::decide(&members, formed, pods, u32::try_from(per_shard).unwrap_or(0));
     if let Some((pod, ips)) = &d.form {
@@ -456,7 +458,96 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         live.status.insert("switchover".into(), sw.state.to_status());
     }
     live.events.extend(sw.events);
-    let rolling = if sw.state.active() { None } else { cluster::roll(&members, &d, d.formed, pods) };
+    // The shape the spec asks for: one step a plan, and no roll meanwhile.
+    let shape = cluster::scale(
+        &members,
+        &d,
+        pods,
+        usize::try_from(shards).unwrap_or(0),
+        usize::try_from(per_shard).unwrap_or(0),
+    );
+    live.hold_replicas = shape.hold;
+    let mut rebalances = recorded.and_then(|c| c.get("rebalances")).and_then(Value::as_u64).unwrap_or(0);
+    let scaling = shape.step.as_ref().map(|step| {
+        let pod_of = |name: &str| input.pods.iter().find(|p| p.name == name);
+        let (id, pod, command, timeout, message) = match step {
+            cluster::ScaleStep::Failover { replica, master } => (
+                pod_of(replica).map(|p| format!("{}-{master}", request_id("cluster-scale-failover", p))),
+                replica.clone(),
+                cli(&["cluster", "failover"]),
+                TIMEOUT_MS,
+                format!("{replica} takes over the shard of {master}, whose pod goes (CLUSTER FAILOVER)"),
+            ),
+            cluster::ScaleStep::Replicate { pod, master, master_id } => (
+                pod_of(pod).map(|p| {
+                    format!(
+                        "{}-{}",
+                        request_id("cluster-replicate", p),
+                        master_id.get(..8).unwrap_or(master_id)
+                    )
+                }),
+                pod.clone(),
+                cli(&["cluster", "replicate", master_id]),
+                TIMEOUT_MS,
+                format!("{pod} becomes a replica of {master} (CLUSTER REPLICATE)"),
+            ),
+            cluster::ScaleStep::Rebalance { pod, drain } => {
+                // Asked again (a new id) when the last one answered and the slots are still
+                // not where they belong.
+                if response(input.responses, &format!("cluster-rebalance-{rebalances}")).is_some() {
+                    rebalances += 1;
+                }
+                let entry = format!("127.0.0.1:{port}");
+                let mut args = vec!["--cluster", "rebalance", entry.as_str(), "--cluster-use-empty-masters"];
+                let weights: Vec<String> = drain.iter().map(|id| format!("{id}=0")).collect();
+                if !weights.is_empty() {
+                    args.push("--cluster-weight");
+                    args.extend(weights.iter().map(String::as_str));
+                }
+                (
+                    Some(format!("cluster-rebalance-{rebalances}")),
+                    pod.clone(),
+                    cli(&args),
+                    REBALANCE_TIMEOUT_MS,
+                    if drain.is_empty() {
+                        "slots spread evenly over the masters, the new ones included (--cluster rebalance)"
+                            .to_string()
+                    } else {
+                        format!(
+                            "slots moved off {} node(s) that stop serving (--cluster rebalance)",
+                            drain.len()
+                        )
+                    },
+                )
+            }
+            cluster::ScaleStep::Forget { pod, gone, node } => {
+                let entry = format!("127.0.0.1:{port}");
+                (
+                    Some(format!("cluster-forget-{}", node.get(..12).unwrap_or(node))),
+                    pod.clone(),
+                    cli(&["--cluster", "del-node", &entry, node]),
+                    TIMEOUT_MS * 6,
+                    format!("every node forgets {gone}, which holds nothing now (--cluster del-node)"),
+                )
+            }
+        };
+        if let Some(id) = id {
+            if response(input.responses, &id).is_none() {
+                live.events.push(Event {
+                    type_: EventType::Normal,
+                    reason: "ScalingCluster".into(),
+                    message: message.clone(),
+                });
+            }
+            live.actions.push(once(id, &pod, command, timeout));
+        }
+        message
+    });
+    let rolling = if sw.state.active() || shape.step.is_some() || shape.hold.is_some() {
+        None
+    } else {
+        cluster::roll(&members, &d, d.formed, pods)
+    };
     match rolling {
         Some(cluster::RollStep::Replace { pods, why }) => {
             for pod in pods {
@@ -499,6 +590,12 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     });
     if !formation.is_empty() {
         status["formation"] = json!(formation);
+    }
+    if rebalances > 0 {
+        status["rebalances"] = json!(rebalances);
+    }
+    if let Some(message) = scaling {
+        status["scaling"] = json!(message);
     }
     if !formation_error.is_empty() && !formed {
         status["formationError"] = json!(formation_error);

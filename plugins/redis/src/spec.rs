@@ -287,14 +287,12 @@ pub fn validate_update(
             format!("is fixed at creation ({o}); it cannot become {n} (migrate to a new resource)"),
         )];
     }
+    // Shards come and go (the plugin moves slots); each shard's replicas stay as created.
     let (new_shape, old_shape) = (cluster_shape(new_spec), cluster_shape(old_spec));
-    if n == CLUSTER && new_shape != old_shape {
+    if n == CLUSTER && new_shape.1 != old_shape.1 {
         return vec![FieldError::new(
-            "spec.cluster",
-            format!(
-                "is fixed at creation ({} shards × {} replicas): scaling a Redis Cluster (moving slots) is not supported yet",
-                old_shape.0, old_shape.1
-            ),
+            "spec.cluster.replicasPerShard",
+            format!("is fixed at creation ({}); change spec.cluster.shards to scale", old_shape.1),
         )];
     }
     Vec::new()

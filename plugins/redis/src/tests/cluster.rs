@@ -178,13 +178,18 @@ fn cluster_mode_is_checked_and_rendered() {
     let mut elsewhere = tk::cr("RedisCluster", "cache", spec());
     elsewhere["spec"]["cluster"] = json!({ "shards": 3 });
     assert_eq!(paths(&elsewhere), ["spec.cluster: is for cluster mode only, not replication"]);
-    // The shape is fixed once running.
+    // Shards may change once running; the replicas of each may not.
     let mut bigger = cr.clone();
     bigger["spec"]["cluster"]["shards"] = json!(4);
     bigger["spec"]["replicas"] = json!(8);
-    let errs = Redis::validate(&bigger.to_string(), Some(&cr.to_string()));
+    assert_eq!(Redis::validate(&bigger.to_string(), Some(&cr.to_string())), vec![]);
+    let mut more_replicas = cr.clone();
+    more_replicas["spec"]["cluster"]["replicasPerShard"] = json!(2);
+    more_replicas["spec"]["replicas"] = json!(9);
+    let errs = Redis::validate(&more_replicas.to_string(), Some(&cr.to_string()));
     assert!(
-        errs.iter().any(|e| e.path == "spec.cluster" && e.message.contains("not supported yet")),
+        errs.iter()
+            .any(|e| e.path == "spec.cluster.replicasPerShard" && e.message.contains("fixed at creation")),
         "{errs:?}"
     );
 }
@@ -358,4 +363,138 @@ fn a_switchover_fails_over_to_the_named_replica_of_its_shard() {
     assert_eq!(refused.state.phase, "Failed");
     let late = switchover(&started.state, Some("cache-3"), &d, None, 1_001 + SWITCHOVER_TIMEOUT_MS);
     assert_eq!((late.state.phase.as_str(), late.failover), ("Failed", None));
+}
+
+/// `CLUSTER NODES` as node `me` answers it: `(id, ip, master id or "-", slots or "")` each.
+fn nodes_of(me: &str, lines: &[(&str, &str, &str, &str)]) -> String {
+    lines
+        .iter()
+        .map(|(id, ip, master, slots)| {
+            let myself = if *id == me { "myself," } else { "" };
+            let role = if *master == "-" { "master" } else { "slave" };
+            format!("{id} {ip}:6379@16379 {myself}{role} {master} 0 1700000000000 1 connected {slots}\n")
+        })
+        .collect()
+}
+
+/// Every pod `cache-<i>` at 10.0.0.<i+1> answering with the same `lines` (its own marked).
+fn cluster_of(lines: &[(&str, &str, &str, &str)]) -> Vec<Member> {
+    lines
+        .iter()
+        .enumerate()
+        .map(|(i, (id, ip, _, _))| {
+            let v = parse(&(info("ok", SLOTS, SLOTS, lines.len() as u32) + &nodes_of(id, lines))).unwrap();
+            member(&format!("cache-{i}"), ip, Some(v))
+        })
+        .collect()
+}
+
+/// Scale-out 3 → 4 shards of 1 replica: the new pods join as empty masters; the first becomes a
+/// master, the second its replica, then a rebalance gives the new master its share. Scale-in
+/// back to 3: the shard whose master goes is handed to its replica that stays when there is
+/// one, else its slots are drained; the replicas that stay move to masters short of one; the
+/// pods that go are forgotten, and the StatefulSet is held until then.
+#[test]
+fn scaling_adds_shards_and_moves_slots_then_drains_and_forgets_them() {
+    use crate::cluster::{scale, ScaleStep};
+    const E: &str = "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
+    const F: &str = "ffffffffffffffffffffffffffffffffffffffff";
+    const G: &str = "1111111111111111111111111111111111111111";
+    const H: &str = "2222222222222222222222222222222222222222";
+    let formed = [
+        (A, "10.0.0.1", "-", "0-5460"),
+        (B, "10.0.0.2", "-", "5461-10922"),
+        (C, "10.0.0.3", "-", "10923-16383"),
+        (D, "10.0.0.4", B, ""),
+        (E, "10.0.0.5", C, ""),
+        (F, "10.0.0.6", A, ""),
+    ];
+    let steady = cluster_of(&formed);
+    let d = decide(&steady, true, 6, 1);
+    assert_eq!(scale(&steady, &d, 6, 3, 1), Default::default(), "the shape is as asked");
+
+    // 4 shards: pods 6 and 7 joined as empty masters.
+    let mut grown = formed.to_vec();
+    grown.extend([(G, "10.0.0.7", "-", ""), (H, "10.0.0.8", "-", "")]);
+    let members = cluster_of(&grown);
+    let d = decide(&members, true, 8, 1);
+    let s = scale(&members, &d, 8, 4, 1);
+    assert_eq!(
+        s.step,
+        Some(ScaleStep::Replicate { pod: "cache-7".into(), master: "cache-6".into(), master_id: G.into() })
+    );
+    assert_eq!(s.hold, None);
+    grown[7].2 = G;
+    let members = cluster_of(&grown);
+    let d = decide(&members, true, 8, 1);
+    assert_eq!(
+        scale(&members, &d, 8, 4, 1).step,
+        Some(ScaleStep::Rebalance { pod: "cache-0".into(), drain: vec![] })
+    );
+    // Not while a pod is missing or not Ready.
+    let mut waiting = members.clone();
+    waiting[6].ready = false;
+    assert_eq!(scale(&waiting, &d, 8, 4, 1).step, None);
+    let balanced = [
+        (A, "10.0.0.1", "-", "1365-5460"),
+        (B, "10.0.0.2", "-", "6827-10922"),
+        (C, "10.0.0.3", "-", "12288-16383"),
+        (D, "10.0.0.4", B, ""),
+        (E, "10.0.0.5", C, ""),
+        (F, "10.0.0.6", A, ""),
+        (G, "10.0.0.7", "-", "0-1364 5461-6826 10923-12287"),
+        (H, "10.0.0.8", G, ""),
+    ];
+    let members = cluster_of(&balanced);
+    let d = decide(&members, true, 8, 1);
+    assert_eq!(scale(&members, &d, 8, 4, 1), Default::default(), "4 shards of 1 replica");
+
+    // Back to 3 shards: pods 6 and 7 go. G serves slots and its replica goes too: drained.
+    let s = scale(&members, &d, 6, 3, 1);
+    assert_eq!(s.step, Some(ScaleStep::Rebalance { pod: "cache-0".into(), drain: vec![G.into()] }));
+    assert_eq!(s.hold, Some(8), "held while a pod that goes holds slots");
+    // Drained: forgotten one at a time, still held.
+    let mut drained = balanced.to_vec();
+    drained[6].3 = "";
+    drained[0].3 = "0-5460";
+    let members = cluster_of(&drained);
+    let d = decide(&members, true, 8, 1);
+    let s = scale(&members, &d, 6, 3, 1);
+    assert_eq!(
+        s.step,
+        Some(ScaleStep::Forget { pod: "cache-0".into(), gone: "cache-6".into(), node: G.into() })
+    );
+    assert_eq!(s.hold, Some(8));
+    // Forgotten by every pod that stays: the StatefulSet may shrink.
+    let mut members = cluster_of(&formed);
+    members.extend(cluster_of(&drained).into_iter().skip(6));
+    let d = decide(&members, true, 8, 1);
+    assert_eq!(scale(&members, &d, 6, 3, 1).hold, None);
+
+    // A shard whose master goes while its replica stays: the replica takes over.
+    let swapped = [
+        (A, "10.0.0.1", "-", "0-5460"),
+        (B, "10.0.0.2", "-", "5461-10922"),
+        (C, "10.0.0.3", G, ""),
+        (D, "10.0.0.4", B, ""),
+        (E, "10.0.0.5", A, ""),
+        (F, "10.0.0.6", A, ""),
+        (G, "10.0.0.7", "-", "10923-16383"),
+        (H, "10.0.0.8", B, ""),
+    ];
+    let members = cluster_of(&swapped);
+    let d = decide(&members, true, 8, 1);
+    assert_eq!(
+        scale(&members, &d, 6, 3, 1).step,
+        Some(ScaleStep::Failover { replica: "cache-2".into(), master: "cache-6".into() })
+    );
+    // Taken over: F, a second replica of A, moves to C, short of one; then G is forgotten.
+    let mut taken = swapped.to_vec();
+    (taken[2].2, taken[2].3, taken[6].2, taken[6].3) = ("-", "10923-16383", C, "");
+    let members = cluster_of(&taken);
+    let d = decide(&members, true, 8, 1);
+    assert_eq!(
+        scale(&members, &d, 6, 3, 1).step,
+        Some(ScaleStep::Replicate { pod: "cache-5".into(), master: "cache-2".into(), master_id: C.into() })
+    );
 }
