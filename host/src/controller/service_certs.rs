@@ -49,6 +49,8 @@ pub const POD_ANNOTATION: &str = "stateward.dev/certificates-sha256";
 pub const SERVICE_CA_SECRET: &str = crate::webhook::certmanager::SERVICE_CA_CERTIFICATE;
 /// JSON pointer to the key above (`/` escaped as `~1`).
 const POD_ANNOTATION_POINTER: &str = "/spec/template/metadata/annotations/stateward.dev~1certificates-sha256";
+/// JSON pointer to a certificate Secret's expiry annotation, which only an issued one has.
+const NOT_AFTER_POINTER: &str = "/metadata/annotations/stateward.dev~1cert-not-after";
 
 /// Whether a secret request's labels ask for a certificate.
 pub fn is_certificate_request(labels: &[(String, String)]) -> bool {
@@ -218,9 +220,8 @@ pub fn stamp_planned(
             continue;
         }
         let issued = certificate_secrets.get(name.as_str()).and_then(|secret| {
-            secret.pointer(&format!("/metadata/annotations/{}", certs::CERT_NOT_AFTER.replace('/', "~1")))?;
-            let encoded =
-                secret.pointer(&format!("/data/{}", certs::TLS_CRT.replace('/', "~1")))?.as_str()?;
+            secret.pointer(NOT_AFTER_POINTER)?;
+            let encoded = secret.pointer(&format!("/data/{}", certs::TLS_CRT))?.as_str()?;
             let pem = base64::engine::general_purpose::STANDARD.decode(encoded).ok()?;
             String::from_utf8(pem).ok()
         });
@@ -494,6 +495,10 @@ mod tests {
         assert_eq!(
             POD_ANNOTATION_POINTER,
             format!("/spec/template/metadata/annotations/{}", POD_ANNOTATION.replacen('/', "~1", 1))
+        );
+        assert_eq!(
+            NOT_AFTER_POINTER,
+            format!("/metadata/annotations/{}", certs::CERT_NOT_AFTER.replacen('/', "~1", 1))
         );
     }
 

@@ -307,13 +307,13 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     ("webhook/mod.rs", ".get_opt(", 1),
     ("webhook/mod.rs", "Api::namespaced", 1),
     // CertificateKeeper (a controller, fed by the child caches above): service CA Secret get,
-    // create the first time, replace on renewal (CAS); certificate Secrets and pod-template
-    // annotations merge-patched.
+    // create the first time, replace on renewal (CAS); certificate Secrets merge-patched (the
+    // controller stamps the StatefulSets as it applies them).
     ("controller/service_certs.rs", ".get_opt(", 1),
     ("controller/service_certs.rs", ".create(", 1),
     ("controller/service_certs.rs", ".replace(", 1),
-    ("controller/service_certs.rs", ".patch(", 2),
-    ("controller/service_certs.rs", "Api::namespaced", 3),
+    ("controller/service_certs.rs", ".patch(", 1),
+    ("controller/service_certs.rs", "Api::namespaced", 2),
     // Lease create / replace (acquire, renew, release) / get_opt (twice).
     ("leader.rs", ".create(", 1),
     ("leader.rs", ".replace(", 2),
