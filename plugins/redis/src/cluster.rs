@@ -230,11 +230,15 @@ pub fn decide(members: &[Member], formed: bool, pods: usize, replicas_per_shard:
     // node still shaking hands is listed at it, under an id of its own). One meeting per node
     // and at most MAX_MEETS in all: gossip introduces the rest, and a plan's requests are
     // bounded.
-    for (m, v) in views.iter().filter(|(m, _)| !m.deleting) {
+    // Pods past the spec's number are on their way out (see [`scale`]): never introduced.
+    let stays =
+        |m: &Member| crate::roll::ordinal(&m.pod).is_some_and(|o| usize::try_from(o).is_ok_and(|o| o < pods));
+    for (m, v) in views.iter().filter(|(m, _)| !m.deleting && stays(m)) {
         let missing = views.iter().find(|(other, _)| {
             other.pod != m.pod
                 && !other.ip.is_empty()
                 && !other.deleting
+                && stays(other)
                 && !v.nodes.iter().any(|n| n.ip == other.ip)
         });
         if let Some((other, _)) = missing.filter(|_| d.meets.len() < MAX_MEETS) {

@@ -470,6 +470,8 @@ fn scaling_adds_shards_and_moves_slots_then_drains_and_forgets_them() {
     members.extend(cluster_of(&drained).into_iter().skip(6));
     let d = decide(&members, true, 8, 1);
     assert_eq!(scale(&members, &d, 6, 3, 1).hold, None);
+    assert!(!d.meets.is_empty(), "while 8 pods are asked for, the forgotten ones would be met");
+    assert_eq!(decide(&members, true, 6, 1).meets, vec![], "pods that go are never introduced again");
 
     // A shard whose master goes while its replica stays: the replica takes over.
     let swapped = [
