@@ -49,6 +49,8 @@ pub struct Node {
     pub connected: bool,
     /// Slots it serves.
     pub slots: u32,
+    /// A slot of it is half moved (`[slot->-id]` or `[slot-<-id]`): a migration stopped midway.
+    pub open: bool,
 }
 
 /// What one server answered.
@@ -120,6 +122,7 @@ pub fn parse(out: &str) -> Option<View> {
             failing: flags.iter().any(|x| *x == "fail" || *x == "fail?"),
             connected: f[7] == "connected",
             slots: slot_count(&f[8..]),
+            open: f[8..].iter().any(|x| x.starts_with('[')),
         });
     }
     (info && !v.state.is_empty() && v.myself().is_some()).then_some(v)
@@ -433,6 +436,9 @@ pub enum ScaleStep {
     /// `redis-cli --cluster del-node` from `pod`: every node forgets `node`, the server of the
     /// pod `gone` that holds nothing any more (it shuts down).
     Forget { pod: String, gone: String, node: String },
+    /// `redis-cli --cluster fix` from `pod`: a migration stopped midway (its source failed
+    /// over, say) is finished, its keys moved, before anything else moves.
+    Fix { pod: String },
 }
 
 /// What scaling needs now: a step (None: nothing to do, or waiting), and the StatefulSet held
@@ -474,13 +480,19 @@ pub fn scale(members: &[Member], d: &Decision, pods: usize, shards: usize, per_s
         step: None,
         hold: (highest > pods && (foreign || gone_slots)).then(|| i64::try_from(highest).unwrap_or(i64::MAX)),
     };
-    let settled = own.len() == members.len()
+    let there = own.len() == members.len()
         && members.iter().all(|m| m.ready && !m.deleting)
         && d.formed
-        && d.state == "ok"
         && d.meets.is_empty()
         && own.iter().filter(|(m, _)| !goes(m)).count() == pods;
-    if !settled {
+    if !there {
+        return out;
+    }
+    if let Some((m, _)) = own.iter().find(|(_, n)| n.open) {
+        out.step = Some(ScaleStep::Fix { pod: m.pod.clone() });
+        return out;
+    }
+    if d.state != "ok" {
         return out;
     }
     let (kept, gone): (Vec<(&Member, &Node)>, Vec<(&Member, &Node)>) =

@@ -467,7 +467,10 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         usize::try_from(per_shard).unwrap_or(0),
     );
     live.hold_replicas = shape.hold;
-    let mut rebalances = recorded.and_then(|c| c.get("rebalances")).and_then(Value::as_u64).unwrap_or(0);
+    // Attempts so far, each its own one-shot request: asked again (the next id) when the last
+    // one answered and the slots are still not where they belong.
+    let count = |k: &str| recorded.and_then(|c| c.get(k)).and_then(Value::as_u64).unwrap_or(0);
+    let (mut rebalances, mut fixes) = (count("rebalances"), count("fixes"));
     let scaling = shape.step.as_ref().map(|step| {
         let pod_of = |name: &str| input.pods.iter().find(|p| p.name == name);
         let (id, pod, command, timeout, message) = match step {
@@ -492,8 +495,6 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                 format!("{pod} becomes a replica of {master} (CLUSTER REPLICATE)"),
             ),
             cluster::ScaleStep::Rebalance { pod, drain } => {
-                // Asked again (a new id) when the last one answered and the slots are still
-                // not where they belong.
                 if response(input.responses, &format!("cluster-rebalance-{rebalances}")).is_some() {
                     rebalances += 1;
                 }
@@ -518,6 +519,19 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                             drain.len()
                         )
                     },
+                )
+            }
+            cluster::ScaleStep::Fix { pod } => {
+                if response(input.responses, &format!("cluster-fix-{fixes}")).is_some() {
+                    fixes += 1;
+                }
+                let entry = format!("127.0.0.1:{port}");
+                (
+                    Some(format!("cluster-fix-{fixes}")),
+                    pod.clone(),
+                    cli(&["--cluster", "fix", &entry, "--cluster-yes"]),
+                    REBALANCE_TIMEOUT_MS,
+                    format!("a migration stopped midway on {pod} is finished (--cluster fix)"),
                 )
             }
             cluster::ScaleStep::Forget { pod, gone, node } => {
@@ -593,6 +607,9 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     }
     if rebalances > 0 {
         status["rebalances"] = json!(rebalances);
+    }
+    if fixes > 0 {
+        status["fixes"] = json!(fixes);
     }
     if let Some(message) = scaling {
         status["scaling"] = json!(message);

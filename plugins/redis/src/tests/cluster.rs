@@ -473,6 +473,13 @@ fn scaling_adds_shards_and_moves_slots_then_drains_and_forgets_them() {
     assert!(!d.meets.is_empty(), "while 8 pods are asked for, the forgotten ones would be met");
     assert_eq!(decide(&members, true, 6, 1).meets, vec![], "pods that go are never introduced again");
 
+    // A migration stopped midway (its source failed over): fixed before anything else.
+    let mut open = drained.to_vec();
+    open[2].3 = "12288-16383 [5-<-1111111111111111111111111111111111111111]";
+    let members = cluster_of(&open);
+    let d = decide(&members, true, 8, 1);
+    assert_eq!(scale(&members, &d, 6, 3, 1).step, Some(ScaleStep::Fix { pod: "cache-2".into() }));
+
     // A shard whose master goes while its replica stays: the replica takes over.
     let swapped = [
         (A, "10.0.0.1", "-", "0-5460"),
