@@ -5,8 +5,8 @@
 //! once (no master is left to vote a replica in: they come back from their volumes) → ok again
 //! with every key; all six pods deleted at once (every address changes, so no node can find
 //! another by itself) → ok again with every key, the plugin's `CLUSTER MEET` reconnecting them.
-//! Must show 3: a fourth shard added and removed again, its share of the slots and keys moved
-//! each way.
+//! Must show 3, its first half: a fourth shard added, an even share of the slots and their keys
+//! moved to it.
 
 use super::*;
 
@@ -79,16 +79,30 @@ async fn wait_shards_ok(
 }
 
 /// Keys `key:1..=KEYS` of `values` read back with `-c` through `shop` (redirections followed).
+/// Read again, 2 s apart, up to 5 times while some are not (each read bounded to 20 s): right
+/// after the cluster is ok again a client may still be sent to an address a node has not caught
+/// up with, and wait on it.
 fn cluster_keys_readable(env: &TestEnv) -> usize {
-    let out = client_sh(
-        env,
-        &format!(
-            "seq 1 {KEYS} | sed 's/.*/GET key:&/' | redis-cli -c -h shop 2>&1 | grep '^val:' > /tmp/got; \
-             seq 1 {KEYS} | sed 's/.*/val:&/' > /tmp/want; sort /tmp/got > /tmp/got.s; sort /tmp/want > /tmp/want.s; \
-             comm -12 /tmp/want.s /tmp/got.s | wc -l"
-        ),
-    );
-    out.trim().parse().unwrap_or_else(|_| panic!("a count of keys: {out:?}"))
+    let mut readable = 0;
+    for attempt in 0..5 {
+        if attempt > 0 {
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        let out = client_sh(
+            env,
+            &format!(
+                "seq 1 {KEYS} | sed 's/.*/GET key:&/' | timeout 20 redis-cli -c -h shop 2>&1 | grep '^val:' > /tmp/got; \
+                 seq 1 {KEYS} | sed 's/.*/val:&/' > /tmp/want; sort /tmp/got > /tmp/got.s; sort /tmp/want > /tmp/want.s; \
+                 comm -12 /tmp/want.s /tmp/got.s | wc -l"
+            ),
+        );
+        readable = out.trim().parse().unwrap_or_else(|_| panic!("a count of keys: {out:?}"));
+        if readable == KEYS {
+            break;
+        }
+        eprintln!("realpods-redis: cluster: {readable}/{KEYS} keys readable (read {})", attempt + 1);
+    }
+    readable
 }
 
 /// Tries `SET <key> x` through `shop` every 100 ms (each bounded to 1 s) for at most `limit_s`;
@@ -245,12 +259,16 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     assert_eq!(readable, KEYS);
     assert!(events.iter().any(|e| e.contains("ClusterFormed")), "{events:#?}");
 
-    // Must show 3: a fourth shard (8 pods), which takes its share of the slots and their keys;
-    // then back to 3, its slots and keys moved off before its pods go.
+    // Must show 3, its first half: a fourth shard (8 pods), which takes an even share of the
+    // slots and their keys. (Shrinking is refused by validate for now: see the issue's note.)
+    // The data keys only (the probe written when a master was deleted is one more).
     let keys_per_master = |sh: &[(String, Vec<String>)]| -> Vec<(String, usize)> {
         sh.iter()
             .map(|(m, _)| {
-                let n = client_sh(&env, &format!("redis-cli -h {m}.shop-headless DBSIZE"));
+                let n = client_sh(
+                    &env,
+                    &format!("redis-cli -h {m}.shop-headless --scan --pattern 'key:*' | wc -l"),
+                );
                 (m.clone(), n.trim().parse().unwrap_or(0))
             })
             .collect()
@@ -262,6 +280,27 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     let started = Instant::now();
     scale(4);
     let (four, took) = wait_shards_ok(&env, "scaled out to 4 shards", 4, Duration::from_secs(300)).await;
+    // The rebalance moves a slot at a time: done once every master holds about a quarter.
+    let api = REDIS.api(&env);
+    wait_for("shop: 4 shards of about 4096 slots each", Duration::from_secs(120), || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, "shop").await.ok_or("CR not found")?;
+            let slots: Vec<u64> = cr
+                .pointer("/status/cluster/shards")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s["slots"].as_u64())
+                .collect();
+            if slots.len() == 4 && slots.iter().all(|n| *n >= 4000) {
+                Ok(())
+            } else {
+                Err(format!("slots per shard {slots:?}"))
+            }
+        }
+    })
+    .await;
     let per_master = keys_per_master(&four);
     let readable = cluster_keys_readable(&env);
     eprintln!(
@@ -273,18 +312,10 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
         per_master.iter().all(|(_, n)| *n > 0),
         "every shard, the new one too, holds keys: {per_master:?}"
     );
-    let started = Instant::now();
-    scale(3);
-    let (three, took) = wait_cluster_ok(&env, "scaled in to 3 shards", Duration::from_secs(300)).await;
-    let per_master = keys_per_master(&three);
-    let readable = cluster_keys_readable(&env);
-    let events = super::super::pg_ha::cr_events(&env, "shop").await;
-    eprintln!(
-        "realpods-redis: cluster: 4 -> 3 shards in {took:.1?} ({:.1?} in all); {readable}/{KEYS} keys; keys per master {per_master:?}; shards {three:?}",
-        started.elapsed()
-    );
-    eprintln!("realpods-redis: cluster events: {events:#?}");
-    assert_eq!(readable, KEYS);
+    // No key left behind on a master in a slot it gave away.
     assert_eq!(per_master.iter().map(|(_, n)| n).sum::<usize>(), KEYS, "{per_master:?}");
+    let events = super::super::pg_ha::cr_events(&env, "shop").await;
+    eprintln!("realpods-redis: cluster events: {events:#?}");
+    assert!(events.iter().any(|e| e.contains("ScalingCluster")), "{events:#?}");
     drop(op);
 }

@@ -449,9 +449,12 @@ pub struct Scale {
     pub hold: Option<i64>,
 }
 
+/// A pod and its server's own line in `CLUSTER NODES`.
+type Own<'a> = (&'a Member, &'a Node);
+
 /// The next step towards `shards` masters with `per_shard` replicas each on the pods whose
-/// ordinals are below `pods` (the spec's), one step a plan, only while every pod is there,
-/// Ready and answering and the cluster is ok:
+/// ordinals are below `pods` (the spec's), one step a plan, only while the shape differs from
+/// that and every pod is there, Ready and answering and the cluster is ok:
 /// - scale-out: the new pods' servers join as empty masters (the meetings of [`decide`]); the
 ///   first of them become masters, the others replicas of the masters short of replicas
 ///   (`CLUSTER REPLICATE`), then `--cluster rebalance --cluster-use-empty-masters` moves an
@@ -480,6 +483,13 @@ pub fn scale(members: &[Member], d: &Decision, pods: usize, shards: usize, per_s
         step: None,
         hold: (highest > pods && (foreign || gone_slots)).then(|| i64::try_from(highest).unwrap_or(i64::MAX)),
     };
+    // Only while the shape differs from the spec's: more pods than asked for, or not as many
+    // masters serving slots as shards. A cluster healing by itself (a failover, a pod back on
+    // a new address) has its shape and is left to Redis.
+    let serving_now = own.iter().filter(|(_, n)| n.master && n.slots > 0).count();
+    if highest <= pods && serving_now == shards {
+        return out;
+    }
     let there = own.len() == members.len()
         && members.iter().all(|m| m.ready && !m.deleting)
         && d.formed
@@ -495,8 +505,7 @@ pub fn scale(members: &[Member], d: &Decision, pods: usize, shards: usize, per_s
     if d.state != "ok" {
         return out;
     }
-    let (kept, gone): (Vec<(&Member, &Node)>, Vec<(&Member, &Node)>) =
-        own.iter().partition(|(m, _)| !goes(m));
+    let (kept, gone): (Vec<Own>, Vec<Own>) = own.iter().partition(|(m, _)| !goes(m));
     let serving: Vec<&(&Member, &Node)> = kept.iter().filter(|(_, n)| n.master && n.slots > 0).collect();
     // A shard whose master goes and whose replica stays: that replica takes over.
     if serving.len() < shards {

@@ -471,7 +471,18 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     // one answered and the slots are still not where they belong.
     let count = |k: &str| recorded.and_then(|c| c.get(k)).and_then(Value::as_u64).unwrap_or(0);
     let (mut rebalances, mut fixes) = (count("rebalances"), count("fixes"));
-    let scaling = shape.step.as_ref().map(|step| {
+    // One scaling request at a time: while the last one runs (no answer yet), nothing else
+    // moves (a fix beside a rebalance would fight over the same slots).
+    // Bounded by the longest request's timeout: an answer the host no longer remembers (the
+    // ledger keeps the latest 32) holds nothing back for ever.
+    let last = recorded.and_then(|c| c.get("scalingRequest")).and_then(Value::as_str).unwrap_or_default();
+    let since = count("scalingSinceMs");
+    let recent = input.now_ms < since + u64::from(REBALANCE_TIMEOUT_MS) + 60_000;
+    let running =
+        (!last.is_empty() && recent && response(input.responses, last).is_none()).then(|| last.to_string());
+    let step = if running.is_some() { None } else { shape.step.as_ref() };
+    let mut requested = running.clone();
+    let scaling = step.map(|step| {
         let pod_of = |name: &str| input.pods.iter().find(|p| p.name == name);
         let (id, pod, command, timeout, message) = match step {
             cluster::ScaleStep::Failover { replica, master } => (
@@ -553,11 +564,17 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                     message: message.clone(),
                 });
             }
-            live.actions.push(once(id, &pod, command, timeout));
+            live.actions.push(once(id.clone(), &pod, command, timeout));
+            requested = Some(id);
         }
         message
     });
-    let rolling = if sw.state.active() || shape.step.is_some() || shape.hold.is_some() {
+    let scaling = scaling.or_else(|| {
+        running
+            .as_ref()
+            .and(recorded.and_then(|c| c.get("scaling")).and_then(Value::as_str).map(str::to_string))
+    });
+    let rolling = if sw.state.active() || shape.step.is_some() || shape.hold.is_some() || running.is_some() {
         None
     } else {
         cluster::roll(&members, &d, d.formed, pods)
@@ -613,6 +630,10 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     }
     if let Some(message) = scaling {
         status["scaling"] = json!(message);
+    }
+    if let Some(id) = requested {
+        status["scalingSinceMs"] = json!(if id == last { since } else { input.now_ms });
+        status["scalingRequest"] = json!(id);
     }
     if !formation_error.is_empty() && !formed {
         status["formationError"] = json!(formation_error);

@@ -178,7 +178,7 @@ fn cluster_mode_is_checked_and_rendered() {
     let mut elsewhere = tk::cr("RedisCluster", "cache", spec());
     elsewhere["spec"]["cluster"] = json!({ "shards": 3 });
     assert_eq!(paths(&elsewhere), ["spec.cluster: is for cluster mode only, not replication"]);
-    // Shards may change once running; the replicas of each may not.
+    // Shards may be added once running, not removed (yet); the replicas of each may not change.
     let mut bigger = cr.clone();
     bigger["spec"]["cluster"]["shards"] = json!(4);
     bigger["spec"]["replicas"] = json!(8);
@@ -190,6 +190,12 @@ fn cluster_mode_is_checked_and_rendered() {
     assert!(
         errs.iter()
             .any(|e| e.path == "spec.cluster.replicasPerShard" && e.message.contains("fixed at creation")),
+        "{errs:?}"
+    );
+    let errs = Redis::validate(&cr.to_string(), Some(&bigger.to_string()));
+    assert!(
+        errs.iter()
+            .any(|e| e.path == "spec.cluster.shards" && e.message.contains("cannot go from 4 down to 3")),
         "{errs:?}"
     );
 }
