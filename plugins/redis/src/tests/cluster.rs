@@ -33,6 +33,17 @@ fn member(pod: &str, ip: &str, answer: Option<View>) -> Member {
     Member { pod: pod.into(), ip: ip.into(), ready: true, answer: answer.map(Ok), ..Member::default() }
 }
 
+/// Pods cache-0..3 answering as [`nodes`] has it (three masters, cache-3 following cache-0).
+fn four() -> Vec<Member> {
+    let view = |me: &str| parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(me))).unwrap();
+    vec![
+        member("cache-0", "10.0.0.1", Some(view(A))),
+        member("cache-1", "10.0.0.2", Some(view(B))),
+        member("cache-2", "10.0.0.3", Some(view(C))),
+        member("cache-3", "10.0.0.4", Some(view(D))),
+    ]
+}
+
 #[test]
 fn parses_cluster_info_and_nodes() {
     let v = parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(D))).unwrap();
@@ -85,13 +96,7 @@ fn forms_once_every_pod_is_ready_current_and_fresh() {
 
 #[test]
 fn roles_shards_and_the_condition_come_from_the_servers() {
-    let view = |me: &str| parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(me))).unwrap();
-    let members = vec![
-        member("cache-0", "10.0.0.1", Some(view(A))),
-        member("cache-1", "10.0.0.2", Some(view(B))),
-        member("cache-2", "10.0.0.3", Some(view(C))),
-        member("cache-3", "10.0.0.4", Some(view(D))),
-    ];
+    let members = four();
     let d = decide(&members, true, 4, 1);
     let roles: Vec<Option<&str>> = d.roles.iter().map(|r| r.1).collect();
     assert_eq!(roles, [Some("master"), Some("master"), Some("master"), Some("replica")]);
@@ -209,13 +214,7 @@ fn cluster_mode_is_checked_and_rendered() {
 #[test]
 fn rolls_everything_at_once_before_formation_then_replicas_first_then_a_failover_per_master() {
     use crate::cluster::{roll, RollStep};
-    let view = |me: &str| parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(me))).unwrap();
-    let mut members = vec![
-        member("cache-0", "10.0.0.1", Some(view(A))),
-        member("cache-1", "10.0.0.2", Some(view(B))),
-        member("cache-2", "10.0.0.3", Some(view(C))),
-        member("cache-3", "10.0.0.4", Some(view(D))),
-    ];
+    let mut members = four();
     for m in &mut members {
         m.outdated = true;
     }
@@ -317,13 +316,7 @@ fn the_formation_answer_is_told_once() {
 fn a_switchover_fails_over_to_the_named_replica_of_its_shard() {
     use crate::cluster::{switchover, SWITCHOVER_TIMEOUT_MS};
     use crate::switchover::State;
-    let view = |me: &str| parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(me))).unwrap();
-    let members = vec![
-        member("cache-0", "10.0.0.1", Some(view(A))),
-        member("cache-1", "10.0.0.2", Some(view(B))),
-        member("cache-2", "10.0.0.3", Some(view(C))),
-        member("cache-3", "10.0.0.4", Some(view(D))),
-    ];
+    let members = four();
     let d = decide(&members, true, 4, 1);
     let none = State::default();
     for (asked, why) in [("cache-1", "is a master already"), ("cache-9", "is not a pod of this cluster")] {
