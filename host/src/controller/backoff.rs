@@ -28,9 +28,42 @@ impl Backoff {
         BASE.saturating_mul(1u32 << (*n - 1).min(10)).min(MAX)
     }
 
+    /// The delay before retrying `obj` after an error. A dropped connection (`transport`) is
+    /// tried again a fifth as late, 100 ms the first time: the API server refused nothing, and
+    /// a plugin swap or a failover may be waiting on this reconcile.
+    pub fn after(&self, obj: &DynamicObject, transport: bool) -> Duration {
+        let delay = self.next(obj);
+        if transport {
+            delay / 5
+        } else {
+            delay
+        }
+    }
+
     pub fn reset(&self, obj: &DynamicObject) {
         if let Ok(mut failures) = self.failures.lock() {
             failures.remove(&key(obj));
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dropped_connection_is_retried_sooner_and_both_back_off() {
+        let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "stateward.dev/v1", "kind": "RedisCluster",
+            "metadata": {"name": "r", "namespace": "ns"},
+        }))
+        .expect("object");
+        let backoff = Backoff::default();
+        assert_eq!(backoff.after(&obj, true), Duration::from_millis(100));
+        assert_eq!(backoff.after(&obj, true), Duration::from_millis(200));
+        backoff.reset(&obj);
+        assert_eq!(backoff.after(&obj, false), Duration::from_millis(500));
+        assert_eq!(backoff.after(&obj, false), Duration::from_secs(1));
     }
 }

@@ -62,6 +62,12 @@ impl Error {
         }
     }
 
+    /// A request that never got an answer from the API server (a pooled connection it closed,
+    /// a reset): nothing was refused, so the next try may follow at once.
+    pub fn is_transport(&self) -> bool {
+        matches!(self, Self::Api { source: kube::Error::Service(_) | kube::Error::HyperError(_), .. })
+    }
+
     /// Whether retrying cannot help until someone changes something: an object in the way, or
     /// the API server refusing the request as such (400 bad request, 403 forbidden, e.g. an
     /// exceeded ResourceQuota, 404 for a kind that is not installed, 422 invalid). Conflicts
@@ -112,5 +118,16 @@ mod tests {
         }
         assert!(!Error::NotLeader.needs_the_user());
         assert_eq!(refused(403).to_string(), "apply StatefulSet db: no (403)");
+    }
+
+    #[test]
+    fn only_a_request_the_api_server_never_answered_is_a_transport_error() {
+        let dropped: Box<dyn std::error::Error + Send + Sync> =
+            "connection closed before message completed".into();
+        assert!(Error::api("apply", "ConfigMap", "c", kube::Error::Service(dropped)).is_transport());
+        for code in [409, 500, 503] {
+            assert!(!refused(code).is_transport(), "{code}");
+        }
+        assert!(!Error::NotLeader.is_transport());
     }
 }

@@ -414,7 +414,7 @@ fn mapper<K: kube::Resource>(ar: &ApiResource, child: Arc<K>) -> Option<ObjectRe
 }
 
 fn error_policy(obj: Arc<DynamicObject>, err: &Error, ctx: Arc<Context>) -> Requeue {
-    let delay = ctx.backoff.next(&obj);
+    let delay = ctx.backoff.after(&obj, err.is_transport());
     tracing::warn!(kind = %ctx.kind.kind, name = %obj.name_any(), error = %err, retry_in = ?delay, "reconcile failed");
     Requeue::requeue(delay)
 }
