@@ -292,25 +292,7 @@ pub fn decide(members: &[Member], formed: bool, pods: usize, replicas_per_shard:
         .filter(|s| s.replicas.len() < replicas_per_shard as usize)
         .map(|s| format!("{} has {} of {replicas_per_shard} replicas", s.master, s.replicas.len()))
         .collect();
-    // A server that names a node at an address no pod has (its pod was made again) sends
-    // clients there: the cluster serves every slot, but not to every client yet.
-    let current: Vec<&str> = members.iter().filter(|m| !m.ip.is_empty()).map(|m| m.ip.as_str()).collect();
-    let stale = views.iter().filter(|(m, _)| !m.deleting).find_map(|(m, v)| {
-        let n = v.nodes.iter().find(|n| !n.ip.is_empty() && !current.contains(&n.ip.as_str()))?;
-        Some(format!(
-            "{} names node {} at {}, an address no pod has",
-            m.pod,
-            n.id.get(..8).unwrap_or(&n.id),
-            n.ip
-        ))
-    });
     d.condition = match best {
-        Some((_, v)) if v.state == "ok" && v.slots_ok == SLOTS && stale.is_some() => Condition {
-            type_: CONDITION.into(),
-            status: ConditionStatus::False,
-            reason: "AddressesStale".into(),
-            message: stale.unwrap_or_default(),
-        },
         Some((_, v)) if v.state == "ok" && v.slots_ok == SLOTS => Condition {
             type_: CONDITION.into(),
             status: ConditionStatus::True,
