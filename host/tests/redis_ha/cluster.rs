@@ -5,8 +5,6 @@
 //! once (no master is left to vote a replica in: they come back from their volumes) → ok again
 //! with every key; all six pods deleted at once (every address changes, so no node can find
 //! another by itself) → ok again with every key, the plugin's `CLUSTER MEET` reconnecting them.
-//! Must show 3, its first half: a fourth shard added, an even share of the slots and their keys
-//! moved to it.
 
 use super::*;
 
@@ -259,63 +257,7 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     assert_eq!(readable, KEYS);
     assert!(events.iter().any(|e| e.contains("ClusterFormed")), "{events:#?}");
 
-    // Must show 3, its first half: a fourth shard (8 pods), which takes an even share of the
-    // slots and their keys. (Shrinking is refused by validate for now: see the note.)
-    // The data keys only (the probe written when a master was deleted is one more).
-    let keys_per_master = |sh: &[(String, Vec<String>)]| -> Vec<(String, usize)> {
-        sh.iter()
-            .map(|(m, _)| {
-                let n = client_sh(
-                    &env,
-                    &format!("redis-cli -h {m}.shop-headless --scan --pattern 'key:*' | wc -l"),
-                );
-                (m.clone(), n.trim().parse().unwrap_or(0))
-            })
-            .collect()
-    };
-    let scale = |shards: usize| {
-        let patch = json!({"spec": {"replicas": 2 * shards, "cluster": {"shards": shards}}}).to_string();
-        kubectl_ok(&env, &["patch", "rdc", "shop", "--type=merge", "-p", &patch]);
-    };
-    let started = Instant::now();
-    scale(4);
-    let (four, took) = wait_shards_ok(&env, "scaled out to 4 shards", 4, Duration::from_secs(300)).await;
-    // The rebalance moves a slot at a time: done once every master holds about a quarter.
-    let api = REDIS.api(&env);
-    wait_for("shop: 4 shards of about 4096 slots each", Duration::from_secs(120), || {
-        let api = api.clone();
-        async move {
-            let cr = get_cr(&api, "shop").await.ok_or("CR not found")?;
-            let slots: Vec<u64> = cr
-                .pointer("/status/cluster/shards")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|s| s["slots"].as_u64())
-                .collect();
-            if slots.len() == 4 && slots.iter().all(|n| *n >= 4000) {
-                Ok(())
-            } else {
-                Err(format!("slots per shard {slots:?}"))
-            }
-        }
-    })
-    .await;
-    let per_master = keys_per_master(&four);
-    let readable = cluster_keys_readable(&env);
-    eprintln!(
-        "realpods-redis: cluster: 3 -> 4 shards in {took:.1?} ({:.1?} in all); {readable}/{KEYS} keys; keys per master {per_master:?}; shards {four:?}",
-        started.elapsed()
-    );
-    assert_eq!(readable, KEYS);
-    assert!(
-        per_master.iter().all(|(_, n)| *n > 0),
-        "every shard, the new one too, holds keys: {per_master:?}"
-    );
-    // No key left behind on a master in a slot it gave away.
-    assert_eq!(per_master.iter().map(|(_, n)| n).sum::<usize>(), KEYS, "{per_master:?}");
     let events = super::super::pg_ha::cr_events(&env, "shop").await;
     eprintln!("realpods-redis: cluster events: {events:#?}");
-    assert!(events.iter().any(|e| e.contains("ScalingCluster")), "{events:#?}");
     drop(op);
 }
