@@ -30,6 +30,7 @@ struct Args {
     out: PathBuf,
     baseline: bool,
     storm: bool,
+    restart: bool,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -41,6 +42,7 @@ fn args() -> anyhow::Result<Args> {
         out: scale::target_dir().join("scale-report.md"),
         baseline: true,
         storm: true,
+        restart: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -53,6 +55,7 @@ fn args() -> anyhow::Result<Args> {
             "--out" => a.out = PathBuf::from(value()?),
             "--no-baseline" => a.baseline = false,
             "--no-storm" => a.storm = false,
+            "--no-restart" => a.restart = false,
             "--bench" => {} // added by `cargo bench`
             other => bail!("unknown argument {other}"),
         }
@@ -106,6 +109,7 @@ fn main() -> anyhow::Result<()> {
                 timeout: Duration::from_secs(900),
                 baseline: args.baseline,
                 storm: args.storm,
+                restart: args.restart,
                 work_dir: work_dir.clone(),
             };
             let report = bench.run(&opts).await.with_context(|| format!("run at N = {n}"))?;

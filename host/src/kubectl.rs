@@ -1,5 +1,6 @@
 //! The verbs of `kubectl stateward` (the same binary, installed as `kubectl-stateward`) that act
-//! on a resource in a cluster: `status`, `promote`, `pause`/`resume` and `restart`. Each verb
+//! on a resource in a cluster: `status`, `promote`, `pause`/`resume`, `hibernate`/`wake`,
+//! `fence`/`unfence` and `restart`. Each verb
 //! is one write of a field every stateward kind has; what it means for one service (which
 //! member goes first, whether there is a primary at all) is the plugin's to decide, and a
 //! refusal comes back from its admission check with the field and the reason.
@@ -20,6 +21,8 @@ use crate::children::INSTANCE_LABEL;
 pub const GROUP: &str = "stateward.dev";
 /// Asks for a switchover to the named pod (PostgreSQL, Redis).
 pub const SWITCHOVER_ANNOTATION: &str = "stateward.dev/switchover-to";
+/// Lists the pods (a JSON list) taken out of every client Service and kept for inspection.
+pub const FENCED_ANNOTATION: &str = "stateward.dev/fenced-instances";
 /// Asks for a rolling restart; any new value (the time it was asked) restarts again.
 pub const RESTARTED_AT_ANNOTATION: &str = "stateward.dev/restarted-at";
 /// Who writes what the verbs write (server-side apply field manager).
@@ -119,6 +122,19 @@ pub async fn set_paused(target: &Target, paused: bool) -> anyhow::Result<String>
     })
 }
 
+/// `hibernate` / `wake`: sets `spec.hibernate`.
+pub async fn set_hibernate(target: &Target, hibernate: bool) -> anyhow::Result<String> {
+    patch(target, json!({ "spec": { "hibernate": hibernate } })).await?;
+    Ok(if hibernate {
+        format!(
+            "{} hibernating: every pod stops, the volumes and Secrets stay; `wake` starts them again",
+            target.describe()
+        )
+    } else {
+        format!("{} waking: the pods start again on their volumes", target.describe())
+    })
+}
+
 /// `restart`: a new [`RESTARTED_AT_ANNOTATION`]; the plugin rolls the members in its order.
 pub async fn restart(target: &Target, now: &str) -> anyhow::Result<String> {
     patch(target, json!({ "metadata": { "annotations": { RESTARTED_AT_ANNOTATION: now } } })).await?;
@@ -127,20 +143,69 @@ pub async fn restart(target: &Target, now: &str) -> anyhow::Result<String> {
 
 /// `promote`: asks for a switchover to `pod`, which must be a member of the resource.
 pub async fn promote(client: &Client, target: &Target, pod: &str) -> anyhow::Result<String> {
-    let namespace = target.object.namespace().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let member = pods.get_opt(pod).await.with_context(|| format!("reading pod {pod}"))?;
+    member(client, target, pod).await?;
     let name = target.name();
-    match member {
-        Some(p) if p.labels().get(INSTANCE_LABEL) == Some(&name) => {}
-        Some(_) => bail!("pod {pod} is not a member of {}", target.describe()),
-        None => bail!("no pod {pod} in namespace {namespace:?}"),
-    }
     patch(target, json!({ "metadata": { "annotations": { SWITCHOVER_ANNOTATION: pod } } })).await?;
     Ok(format!(
         "{}: switchover to {pod} requested; `kubectl stateward status {name}` follows it",
         target.describe()
     ))
+}
+
+/// The pods the resource's [`FENCED_ANNOTATION`] lists now (an unreadable value: none).
+fn fenced(target: &Target) -> Vec<String> {
+    target
+        .object
+        .annotations()
+        .get(FENCED_ANNOTATION)
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default()
+}
+
+/// `fence`: adds `pods`, each a member of the resource, to [`FENCED_ANNOTATION`].
+pub async fn fence(client: &Client, target: &Target, pods: &[String]) -> anyhow::Result<String> {
+    for pod in pods {
+        member(client, target, pod).await?;
+    }
+    let mut list = fenced(target);
+    list.extend(pods.iter().cloned());
+    list.sort();
+    list.dedup();
+    set_fenced(target, &list).await?;
+    Ok(format!(
+        "{}: {} fenced: out of every client Service, the pod kept for inspection; `unfence` brings it back",
+        target.describe(),
+        pods.join(", ")
+    ))
+}
+
+/// `unfence`: takes `pods` (every pod when empty) off [`FENCED_ANNOTATION`].
+pub async fn unfence(target: &Target, pods: &[String]) -> anyhow::Result<String> {
+    let list: Vec<String> =
+        fenced(target).into_iter().filter(|p| !pods.is_empty() && !pods.contains(p)).collect();
+    set_fenced(target, &list).await?;
+    Ok(if list.is_empty() {
+        format!("{}: no pod fenced", target.describe())
+    } else {
+        format!("{}: still fenced: {}", target.describe(), list.join(", "))
+    })
+}
+
+async fn set_fenced(target: &Target, list: &[String]) -> anyhow::Result<()> {
+    let value = if list.is_empty() { Value::Null } else { json!(serde_json::to_string(list)?) };
+    patch(target, json!({ "metadata": { "annotations": { FENCED_ANNOTATION: value } } })).await
+}
+
+/// Fails unless `pod` is a pod of the resource.
+async fn member(client: &Client, target: &Target, pod: &str) -> anyhow::Result<()> {
+    let namespace = target.object.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let found = pods.get_opt(pod).await.with_context(|| format!("reading pod {pod}"))?;
+    match found {
+        Some(p) if p.labels().get(INSTANCE_LABEL) == Some(&target.name()) => Ok(()),
+        Some(_) => bail!("pod {pod} is not a member of {}", target.describe()),
+        None => bail!("no pod {pod} in namespace {namespace:?}"),
+    }
 }
 
 /// `status`: phase, conditions, the service's own status fields (roles, lag…), the policy's
@@ -172,6 +237,9 @@ fn render_status(title: &str, object: &Value, status: &Value, events: &[Event]) 
     );
     if object.pointer("/spec/paused") == Some(&json!(true)) {
         let _ = writeln!(out, "  paused: the operator changes nothing until `kubectl stateward resume`");
+    }
+    if object.pointer("/spec/hibernate") == Some(&json!(true)) {
+        let _ = writeln!(out, "  hibernate: no pod runs, the data stays, until `kubectl stateward wake`");
     }
     let _ = writeln!(out, "\nConditions:");
     for c in status.get("conditions").and_then(Value::as_array).into_iter().flatten() {

@@ -66,6 +66,25 @@ enum Command {
     Resume(TargetArgs),
     /// Restart a resource's members one at a time, in the service's safe order.
     Restart(TargetArgs),
+    /// Stop every pod of a resource (`spec.hibernate`), keeping its volumes and Secrets.
+    Hibernate(TargetArgs),
+    /// Start a hibernating resource's pods again, on the same volumes.
+    Wake(TargetArgs),
+    /// Take PODs of a resource out of every client Service, keeping them for inspection.
+    Fence {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// The pods to fence.
+        #[arg(required = true)]
+        pods: Vec<String>,
+    },
+    /// Put fenced PODs (all of them when none is named) back into the Services.
+    Unfence {
+        #[command(flatten)]
+        target: TargetArgs,
+        /// The pods to unfence.
+        pods: Vec<String>,
+    },
 }
 
 /// A resource of one of the operator's kinds in the cluster of the current kubeconfig.
@@ -346,6 +365,18 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Resume(t) => {
             on_target(t, |_, target| async move { stateward::kubectl::set_paused(&target, false).await })
+        }
+        Command::Hibernate(t) => {
+            on_target(t, |_, target| async move { stateward::kubectl::set_hibernate(&target, true).await })
+        }
+        Command::Wake(t) => {
+            on_target(t, |_, target| async move { stateward::kubectl::set_hibernate(&target, false).await })
+        }
+        Command::Fence { target, pods } => on_target(target, |client, target| async move {
+            stateward::kubectl::fence(&client, &target, &pods).await
+        }),
+        Command::Unfence { target, pods } => {
+            on_target(target, |_, target| async move { stateward::kubectl::unfence(&target, &pods).await })
         }
         Command::Restart(t) => on_target(t, |_, target| async move {
             stateward::kubectl::restart(

@@ -9,8 +9,12 @@
 #![allow(clippy::panic, clippy::expect_used)]
 
 mod e2e;
+#[path = "realpods/elasticsearch.rs"]
+mod elasticsearch;
 #[path = "realpods/in_cluster.rs"]
 mod in_cluster;
+#[path = "realpods/lifecycle.rs"]
+mod lifecycle;
 mod pg_ha;
 mod redis_ha;
 #[path = "realpods/requests.rs"]

@@ -43,6 +43,7 @@ KWOK_VERSION="$(gomod_version "$CLUSTER_DIR/kwok/go.mod" sigs.k8s.io/kwok)"
 COREDNS_VERSION="$(gomod_version "$CLUSTER_DIR/coredns/go.mod" github.com/coredns/coredns)-$(sha256sum <"$CLUSTER_DIR/coredns/main.go" | cut -c1-8)"
 # The pause program is ours: its version is a digest of its source.
 PAUSE_VERSION="src-$(cat "$CLUSTER_DIR/pause/main.go" "$CLUSTER_DIR/pause/go.mod" | sha256sum | cut -c1-12)"
+HELM_VERSION="$(gomod_version "$CLUSTER_DIR/helm/go.mod" helm.sh/helm/v4)"
 
 component_version() { # <component>
     case "$1" in
@@ -51,6 +52,7 @@ component_version() { # <component>
         kwok|kwokctl) echo "$KWOK_VERSION" ;;
         coredns) echo "$COREDNS_VERSION" ;;
         pause) echo "$PAUSE_VERSION" ;;
+        helm) echo "$HELM_VERSION" ;;
         *) die "unknown component '$1'" ;;
     esac
 }

@@ -108,7 +108,10 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
         remember(obj, ctx, superseded(obj, &resource), &stored);
         resource = stored;
     }
-    let certificates = requested_certificates(&plan.actions);
+    let certificates = Certificates {
+        requested: requested_certificates(&plan.actions),
+        names: certificate_names(&plan.actions, &children, &resource, &namespace),
+    };
     let mut waiting = false;
     for action in plan.actions.iter().filter(|a| !a.is_request()) {
         match execute(ctx, action, &resource, &namespace, &children, &certificates).await {
@@ -149,6 +152,38 @@ enum Applied {
     Done,
     /// A StatefulSet not created yet: a certificate it mounts is not issued yet.
     Waiting,
+}
+
+/// What a StatefulSet's certificates are checked against when it is created.
+struct Certificates {
+    /// The Secrets the plan asks to be server certificates.
+    requested: BTreeSet<String>,
+    /// The names they must carry: those of every Service the plan applies, once all are
+    /// observed (see `service_certs::stamp_planned`); None when no check applies.
+    names: Option<Result<String, String>>,
+}
+
+/// The names of the Services the plan applies, once every one of them is among `children`.
+fn certificate_names(
+    actions: &[Action],
+    children: &[Value],
+    resource: &Value,
+    namespace: &str,
+) -> Option<Result<String, String>> {
+    let uid = resource.pointer("/metadata/uid").and_then(Value::as_str)?;
+    let planned = actions.iter().filter_map(|a| match a {
+        Action::Apply { object } if object["apiVersion"] == "v1" && object["kind"] == "Service" => {
+            object.pointer("/metadata/name").and_then(Value::as_str)
+        }
+        _ => None,
+    });
+    for name in planned {
+        let seen = children.iter().any(|c| c["kind"] == "Service" && c["metadata"]["name"] == name);
+        if !seen {
+            return Some(Err(format!("waiting for Service {name} to be observed before its certificate")));
+        }
+    }
+    Some(Ok(super::service_certs::service_sans(children, uid, namespace).join(",")))
 }
 
 /// The Secrets the plan asks to be server certificates.
@@ -224,7 +259,7 @@ async fn execute(
     resource: &Value,
     namespace: &str,
     children: &[Value],
-    certificates: &BTreeSet<String>,
+    certificates: &Certificates,
 ) -> Result<Applied, Error> {
     let (kind, name) = match action {
         Action::Apply { object } => {
@@ -248,7 +283,7 @@ async fn execute_one(
     resource: &Value,
     namespace: &str,
     children: &[Value],
-    certificates: &BTreeSet<String>,
+    certificates: &Certificates,
 ) -> Result<Applied, Error> {
     let observed = |api_version: &str, kind: &str, name: &str| {
         children
@@ -264,9 +299,13 @@ async fn execute_one(
             let current = observed(s("/apiVersion"), s("/kind"), s("/metadata/name"));
             let mut object = object.clone();
             if ctx.issues_certificates && s("/apiVersion") == "apps/v1" && s("/kind") == "StatefulSet" {
-                if let Err(waiting) =
-                    super::service_certs::stamp_planned(&mut object, current, children, certificates)
-                {
+                if let Err(waiting) = super::service_certs::stamp_planned(
+                    &mut object,
+                    current,
+                    children,
+                    &certificates.requested,
+                    certificates.names.as_ref(),
+                ) {
                     tracing::debug!(reason = %waiting, "StatefulSet not created yet");
                     return Ok(Applied::Waiting);
                 }
@@ -336,7 +375,7 @@ async fn finalize(
         Scene { owner: &owner, resource, children, api: cr_api(obj, ctx), plugin: plugin.name(), now_ms };
     dispatch::dispatch(&ctx.requests, &scene, &cleanup.actions).await;
     ctx.requests.retain(&owner, &planned_ids(&cleanup.actions));
-    let certificates = requested_certificates(&cleanup.actions);
+    let certificates = Certificates { requested: requested_certificates(&cleanup.actions), names: None };
     for action in cleanup.actions.iter().filter(|a| !a.is_request()) {
         execute(ctx, action, resource, &namespace, children, &certificates).await?;
     }
@@ -431,6 +470,7 @@ async fn write_status(
     status: &Value,
 ) -> Result<(), Error> {
     let target = CrWrite { api: cr_api(obj, ctx), leadership: &ctx.leadership, kind: &ctx.kind.kind };
+    tracing::debug!(name = %obj.name_any(), patch = %status, "status write");
     let stored = target.status(&obj.name_any(), status).instrument(tracing::info_span!("status")).await?;
     ctx.metrics.api_write("status", &ctx.kind.kind);
     remember(obj, ctx, superseded(obj, resource), &serde_json::to_value(stored).unwrap_or_default());

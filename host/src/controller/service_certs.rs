@@ -51,6 +51,8 @@ pub const SERVICE_CA_SECRET: &str = crate::webhook::certmanager::SERVICE_CA_CERT
 const POD_ANNOTATION_POINTER: &str = "/spec/template/metadata/annotations/stateward.dev~1certificates-sha256";
 /// JSON pointer to a certificate Secret's expiry annotation, which only an issued one has.
 const NOT_AFTER_POINTER: &str = "/metadata/annotations/stateward.dev~1cert-not-after";
+/// Where a certificate Secret says which names its certificate carries.
+const SANS_POINTER: &str = "/metadata/annotations/stateward.dev~1cert-sans";
 
 /// Whether a secret request's labels ask for a certificate.
 pub fn is_certificate_request(labels: &[(String, String)]) -> bool {
@@ -106,7 +108,7 @@ pub type Issued = (BTreeMap<String, String>, BTreeMap<String, String>);
 /// and annotations.
 pub fn issue(ca: &Material, sans: &[String], policy: &CertPolicy) -> Result<Issued, WebhookError> {
     let mut m = ca.clone();
-    certs::renew_serving(&mut m, policy, sans)?;
+    certs::renew_member(&mut m, policy, sans)?;
     let data = BTreeMap::from([
         (certs::TLS_CRT.to_string(), m.cert_pem.clone()),
         (certs::TLS_KEY.to_string(), m.key_pem.clone()),
@@ -198,6 +200,7 @@ pub fn stamp_planned(
     existing: Option<&Value>,
     children: &[Value],
     requested: &BTreeSet<String>,
+    names: Option<&Result<String, String>>,
 ) -> Result<(), String> {
     use base64::Engine as _;
     let Some(template) = statefulset.pointer("/spec/template") else {
@@ -221,6 +224,15 @@ pub fn stamp_planned(
         }
         let issued = certificate_secrets.get(name.as_str()).and_then(|secret| {
             secret.pointer(NOT_AFTER_POINTER)?;
+            // A new StatefulSet waits for a certificate that names every Service (one issued
+            // while some were not there yet is issued again as they come, which would roll
+            // the pods just made).
+            if let (None, Some(Ok(names))) = (existing, names) {
+                let carried = secret.pointer(SANS_POINTER).and_then(Value::as_str).unwrap_or_default();
+                if carried != names {
+                    return None;
+                }
+            }
             let encoded = secret.pointer(&format!("/data/{}", certs::TLS_CRT))?.as_str()?;
             let pem = base64::engine::general_purpose::STANDARD.decode(encoded).ok()?;
             String::from_utf8(pem).ok()
@@ -244,6 +256,10 @@ pub fn stamp_planned(
             template["metadata"]["annotations"][POD_ANNOTATION] = live;
         }
     };
+    let mounts_certificates = missing.is_some() || !certificates.is_empty();
+    if let (None, true, Some(Err(why))) = (existing, mounts_certificates, names) {
+        return Err(why.clone());
+    }
     match (missing, existing) {
         (Some(name), None) => {
             return Err(format!("waiting for the certificate in Secret {name} to be issued"))
@@ -611,11 +627,19 @@ mod tests {
         assert_eq!(data["ca.crt"], ca_cert.pem());
         let mut roots = rustls::RootCertStore::empty();
         roots.add(CertificateDer::from_pem_slice(ca_cert.pem().as_bytes()).expect("pem")).expect("root");
+        let roots = Arc::new(roots);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .expect("verifier");
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
+                .build()
+                .expect("verifier");
         let leaf = CertificateDer::from_pem_slice(data["tls.crt"].as_bytes()).expect("leaf");
+        // Members also present it to each other (Elasticsearch's transport layer): a client
+        // certificate as well.
+        let members = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider)
+            .build()
+            .expect("client verifier");
+        members.verify_client_cert(&leaf, &[], UnixTime::now()).expect("a member presents it as a client");
         verifier
             .verify_server_cert(
                 &leaf,
@@ -634,7 +658,7 @@ mod tests {
     }
 
     #[test]
-    fn issued_certificate_verifies_for_a_pod_name_under_the_headless_service() {
+    fn issued_certificate_verifies_for_a_pod_name_under_the_headless_service_and_as_a_member_client() {
         use rustls::client::danger::ServerCertVerifier as _;
         use rustls::pki_types::pem::PemObject as _;
         use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -648,11 +672,19 @@ mod tests {
         let (data, annotations) = issue(&ca, &sans, &policy).expect("issue");
         let mut roots = rustls::RootCertStore::empty();
         roots.add(CertificateDer::from_pem_slice(data["ca.crt"].as_bytes()).expect("ca pem")).expect("root");
+        let roots = Arc::new(roots);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .expect("verifier");
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
+                .build()
+                .expect("verifier");
         let leaf = CertificateDer::from_pem_slice(data["tls.crt"].as_bytes()).expect("leaf");
+        // Members also present it to each other (Elasticsearch's transport layer): a client
+        // certificate as well.
+        let members = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider)
+            .build()
+            .expect("client verifier");
+        members.verify_client_cert(&leaf, &[], UnixTime::now()).expect("a member presents it as a client");
         let pod = ServerName::try_from("db-0.db-headless.ns.svc.cluster.local").expect("name");
         verifier.verify_server_cert(&leaf, &[], &pod, &[], UnixTime::now()).expect("pod name verifies");
         let stranger = ServerName::try_from("db-0.other.ns.svc.cluster.local").expect("name");
@@ -744,13 +776,13 @@ mod tests {
         let stamp = |v: &Value| v.pointer(POD_ANNOTATION_POINTER).cloned();
 
         // Asked for in this plan, not there yet; there with its placeholder: not created.
-        let err = stamp_planned(&mut planned(), None, &[], &requested).expect_err("waits");
+        let err = stamp_planned(&mut planned(), None, &[], &requested, None).expect_err("waits");
         assert!(err.contains("db-tls"), "{err}");
-        stamp_planned(&mut planned(), None, &[secret(None)], &BTreeSet::new()).expect_err("waits");
+        stamp_planned(&mut planned(), None, &[secret(None)], &BTreeSet::new(), None).expect_err("waits");
 
         // Issued: created with the stamp of the certificate.
         let mut a = planned();
-        stamp_planned(&mut a, None, &[secret(Some("A"))], &requested).expect("created");
+        stamp_planned(&mut a, None, &[secret(Some("A"))], &requested, None).expect("created");
         let mut expected = planned();
         stamp_pod_template(&mut expected, &BTreeMap::from([("db-tls".to_string(), "A".to_string())]));
         assert_eq!(stamp(&a), stamp(&expected));
@@ -762,23 +794,41 @@ mod tests {
         existing["metadata"]["generation"] = json!(1);
         existing["status"] = done;
         let mut b = planned();
-        stamp_planned(&mut b, Some(&existing), &[secret(Some("B"))], &requested).expect("applied");
+        stamp_planned(&mut b, Some(&existing), &[secret(Some("B"))], &requested, None).expect("applied");
         assert!(stamp(&b).is_some() && stamp(&b) != stamp(&a), "a renewal rolls");
         existing["status"]["updateRevision"] = json!("s");
         let mut held = planned();
-        stamp_planned(&mut held, Some(&existing), &[secret(Some("B"))], &requested).expect("applied");
+        stamp_planned(&mut held, Some(&existing), &[secret(Some("B"))], &requested, None).expect("applied");
         assert_eq!(stamp(&held), stamp(&a), "no second roll over the one in progress");
 
         // The Secret gone (recreated with a placeholder): the set keeps what it has.
         let mut kept = planned();
-        stamp_planned(&mut kept, Some(&existing), &[secret(None)], &requested).expect("applied");
+        stamp_planned(&mut kept, Some(&existing), &[secret(None)], &requested, None).expect("applied");
         assert_eq!(stamp(&kept), stamp(&a));
 
         // Mounting no certificate Secret: applied as planned.
         let mut plain = json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
             "spec": {"template": {"spec": {"volumes": [{"name": "c", "configMap": {"name": "db-config"}}]}}}});
         let before = plain.clone();
-        stamp_planned(&mut plain, None, &[secret(None)], &requested).expect("applied");
+        stamp_planned(&mut plain, None, &[secret(None)], &requested, None).expect("applied");
         assert_eq!(plain, before);
+
+        // A new set waits until every planned Service is observed and its certificate names
+        // them all (one issued before the last Service came is issued again, and would roll
+        // the pods just made); an existing set is not held by it.
+        let mut named = secret(Some("A"));
+        named["metadata"]["annotations"][certs::CERT_SANS] = json!("a.ns.svc");
+        let pending = Err("waiting for Service db-rw to be observed".to_string());
+        let err = stamp_planned(&mut planned(), None, &[named.clone()], &requested, Some(&pending))
+            .expect_err("waits for the Services");
+        assert!(err.contains("db-rw"), "{err}");
+        let all = Ok("a.ns.svc,b.ns.svc".to_string());
+        let err = stamp_planned(&mut planned(), None, &[named.clone()], &requested, Some(&all))
+            .expect_err("waits for a certificate naming both");
+        assert!(err.contains("db-tls"), "{err}");
+        named["metadata"]["annotations"][certs::CERT_SANS] = json!("a.ns.svc,b.ns.svc");
+        stamp_planned(&mut planned(), None, &[named.clone()], &requested, Some(&all)).expect("created");
+        stamp_planned(&mut planned(), Some(&existing), &[secret(Some("B"))], &requested, Some(&pending))
+            .expect("an existing set is applied");
     }
 }

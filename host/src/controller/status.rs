@@ -33,7 +33,10 @@ pub struct PluginStamp<'a> {
 }
 
 /// The full `.status` for `resource` given the plugin's report and the host's own condition
-/// from the audit sweep, if any; `now` is RFC 3339.
+/// from the audit sweep, if any; `now` is RFC 3339. With no finding of this process's sweep
+/// yet (a new leader: an operator restarted or upgraded), the `PolicyCompliant` condition the
+/// status holds stays as it is until the sweep decides: dropping it would take two writes, and
+/// a new transition time, to come back to the same verdict.
 pub fn desired(
     resource: &Value,
     report: &StatusReport,
@@ -42,6 +45,8 @@ pub fn desired(
     now: &str,
 ) -> Value {
     let previous = resource.pointer("/status/conditions").and_then(Value::as_array);
+    let held = if host.is_none() { previous.and_then(|p| held_condition(p, SWEEP_CONDITION)) } else { None };
+    let host = host.or(held.as_ref());
     let conditions: Vec<Value> = report
         .conditions
         .iter()
@@ -127,6 +132,21 @@ pub fn degraded(resource: &Value, reason: &str, message: &str, now: &str) -> Val
     status
 }
 
+/// The condition the audit sweep writes (controller/sweep.rs).
+pub const SWEEP_CONDITION: &str = "PolicyCompliant";
+
+/// The stored condition of `type_`, as a condition to write again unchanged.
+fn held_condition(previous: &[Value], type_: &str) -> Option<Condition> {
+    let c = previous.iter().find(|c| c["type"] == type_)?;
+    let status = match c["status"].as_str()? {
+        "True" => ConditionStatus::True,
+        "False" => ConditionStatus::False,
+        _ => ConditionStatus::Unknown,
+    };
+    let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some(Condition { type_: type_.into(), status, reason: text("reason"), message: text("message") })
+}
+
 fn condition(c: &Condition, previous: Option<&Vec<Value>>, now: &str) -> Value {
     let status = status_word(c.status);
     let since = previous
@@ -188,6 +208,31 @@ mod tests {
         assert_eq!(written, desired, "the patch makes the stored status the desired one");
         let after = json!({"status": written});
         assert!(!differs(&after, &desired), "then nothing to write");
+    }
+
+    /// A new leader has no sweep finding yet: the stored verdict stays, transition time and all,
+    /// so a restarted operator writes nothing; a finding replaces it.
+    #[test]
+    fn the_sweeps_last_verdict_holds_until_the_sweep_decides() {
+        let verdict = json!({"type": "PolicyCompliant", "status": "False", "reason": "PolicyViolation",
+                             "message": "no-latest: image tag latest", "lastTransitionTime": "then"});
+        let stored = json!({"status": {
+            "phase": "Running", "conditions": [verdict], "observedGeneration": 0, "plugin": "p@1", "pluginDigest": "sha256:d",
+        }});
+        let d = desired(&stored, &report(json!({})), None, &stamp(), "now");
+        assert!(!differs(&stored, &d), "nothing to write: {d}");
+        let compliant = Condition {
+            type_: SWEEP_CONDITION.into(),
+            status: ConditionStatus::True,
+            reason: "Compliant".into(),
+            message: "admitted".into(),
+        };
+        let d = desired(&stored, &report(json!({})), Some(&compliant), &stamp(), "now");
+        assert_eq!(d["conditions"][0]["status"], "True");
+        assert_eq!(d["conditions"][0]["lastTransitionTime"], "now");
+        // Never held from nothing.
+        let bare = json!({"status": {"phase": "Running", "conditions": []}});
+        assert_eq!(desired(&bare, &report(json!({})), None, &stamp(), "now")["conditions"], json!([]));
     }
 
     /// The one-shot ledger is the host's: kept through the reconcile's status, never taken from

@@ -43,7 +43,7 @@ impl Finding {
         } else {
             (ConditionStatus::False, "PolicyViolation", self.denied.join("; "))
         };
-        Condition { type_: "PolicyCompliant".into(), status, reason: reason.into(), message }
+        Condition { type_: super::status::SWEEP_CONDITION.into(), status, reason: reason.into(), message }
     }
 }
 

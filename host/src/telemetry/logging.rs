@@ -40,7 +40,9 @@ pub fn init(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let (provider, otel_error) = super::otel::init_global();
     let registry = tracing_subscriber::registry().with(filter).with(super::otel::layer(&provider));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colours only for a terminal: logs written to a file or a pipe stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
     // try_init fails only when a global subscriber exists already; keeping that one is the
     // intended idempotent behaviour, so the error carries nothing to act on.
     let _ = if json {

@@ -138,6 +138,21 @@ pub fn ca_due(m: &Material, policy: &CertPolicy) -> bool {
 /// from the stored CA certificate, so a CA made elsewhere (cert-manager's) issues as well as
 /// the built-in one.
 pub fn renew_serving(m: &mut Material, policy: &CertPolicy, sans: &[String]) -> Result<(), WebhookError> {
+    renew(m, policy, sans, &[ExtendedKeyUsagePurpose::ServerAuth])
+}
+
+/// Issues a certificate for the members of a service, which serve their clients and also
+/// connect to each other with it (Elasticsearch's transport layer requires both purposes).
+pub fn renew_member(m: &mut Material, policy: &CertPolicy, sans: &[String]) -> Result<(), WebhookError> {
+    renew(m, policy, sans, &[ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth])
+}
+
+fn renew(
+    m: &mut Material,
+    policy: &CertPolicy,
+    sans: &[String],
+    purposes: &[ExtendedKeyUsagePurpose],
+) -> Result<(), WebhookError> {
     let ca_key = KeyPair::from_pem(&m.ca_key_pem).map_err(cert_err)?;
     let ca_not_after = OffsetDateTime::from_unix_timestamp(m.ca_not_after)
         .map_err(|e| WebhookError::Certificate(e.to_string()))?;
@@ -148,7 +163,7 @@ pub fn renew_serving(m: &mut Material, policy: &CertPolicy, sans: &[String]) -> 
         .distinguished_name
         .push(DnType::CommonName, sans.first().map_or("stateward-webhook", String::as_str));
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.extended_key_usages = purposes.to_vec();
     // Backdated a little: API server and operator clocks may differ.
     params.not_before = now() - time::Duration::minutes(5);
     let cert_not_after = after(policy.cert_lifetime).min(ca_not_after);

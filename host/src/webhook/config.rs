@@ -130,7 +130,9 @@ pub fn validating_configuration(
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {
             "name": scope.name,
-            "labels": { "app.kubernetes.io/name": "stateward", "app.kubernetes.io/managed-by": "stateward" },
+            // No app.kubernetes.io/managed-by: that label is the installer's (deploy/ says
+            // stateward, Helm says Helm and deletes on uninstall only what still says so).
+            "labels": { "app.kubernetes.io/name": "stateward" },
         },
         "webhooks": [webhook],
     })
@@ -143,9 +145,25 @@ fn dynamic(client: &Client, group: &str, version: &str, kind: &str, plural: &str
     )
 }
 
+/// What an apply does when the configuration is not there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IfAbsent {
+    /// Make it: this replica starts, or the CA or the kinds changed.
+    Create,
+    /// Leave it gone: a periodic refresh. An uninstall deletes the configuration and then the
+    /// operator; a refresh between the two would bring back a configuration that fails closed
+    /// with no webhook left behind it.
+    Leave,
+}
+
 /// Applies the whole configuration (server-side apply, field manager `stateward`, forced:
-/// the operator owns it).
-pub async fn apply_validating(client: &Client, config: &Value) -> Result<(), WebhookError> {
+/// the operator owns it). Whether it was applied: false when it was gone and `if_absent`
+/// said to leave it so.
+pub async fn apply_validating(
+    client: &Client,
+    config: &Value,
+    if_absent: IfAbsent,
+) -> Result<bool, WebhookError> {
     let api = dynamic(
         client,
         "admissionregistration.k8s.io",
@@ -154,10 +172,19 @@ pub async fn apply_validating(client: &Client, config: &Value) -> Result<(), Web
         "validatingwebhookconfigurations",
     );
     let name = config.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    if if_absent == IfAbsent::Leave {
+        // An empty merge patch writes nothing and answers 404 when the object is gone, with the
+        // verb the operator already has on it by name (no get).
+        match api.patch(name, &PatchParams::default(), &Patch::Merge(json!({}))).await {
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(false),
+            Err(e) => return Err(WebhookError::kube("looking for the ValidatingWebhookConfiguration")(e)),
+            Ok(_) => {}
+        }
+    }
     api.patch(name, &PatchParams::apply("stateward").force(), &Patch::Apply(config))
         .await
         .map_err(WebhookError::kube("applying the ValidatingWebhookConfiguration"))?;
-    Ok(())
+    Ok(true)
 }
 
 /// Points the CRD of `kind` at the conversion webhook. A merge patch replaces the whole
@@ -216,5 +243,67 @@ mod tests {
         assert_eq!(svc["caBundle"], "Q0E=");
         let url = Endpoint::Url("https://127.0.0.1:9/".into()).client_config(CONVERT_PATH, None);
         assert_eq!(url, json!({ "url": "https://127.0.0.1:9/convert" }));
+    }
+
+    /// A client answering each request with the next `(status, body)`, and what it was asked:
+    /// (method, content type).
+    fn scripted(answers: Vec<(u16, Value)>) -> (Client, tokio::task::JoinHandle<Vec<(String, String)>>) {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for (code, body) in answers {
+                let Some((request, respond)) = handle.next_request().await else { break };
+                let kind = request.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+                seen.push((request.method().to_string(), kind.to_string()));
+                let bytes = serde_json::to_vec(&body).unwrap_or_default();
+                #[allow(clippy::expect_used)]
+                let response = Response::builder().status(code).body(Body::from(bytes)).expect("a response");
+                respond.send_response(response);
+            }
+            seen
+        });
+        (Client::new(service, "default"), server)
+    }
+
+    #[test]
+    fn the_configuration_leaves_the_installers_label_alone() {
+        let scope = Scope { name: "stateward", namespace: None };
+        let vwc = validating_configuration(&scope, &Endpoint::default(), &[], Some("Q0E="));
+        assert_eq!(vwc["metadata"]["labels"], json!({ "app.kubernetes.io/name": "stateward" }));
+    }
+
+    fn configuration() -> Value {
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+               "metadata": {"name": "stateward"}, "webhooks": []})
+    }
+
+    #[tokio::test]
+    async fn a_refresh_leaves_a_removed_configuration_removed_and_a_start_makes_it() {
+        let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+                          "message": "validatingwebhookconfigurations \"stateward\" not found"});
+        let (client, server) = scripted(vec![(404, gone)]);
+        let applied = apply_validating(&client, &configuration(), IfAbsent::Leave).await;
+        drop(client);
+        assert!(matches!(applied, Ok(false)), "{applied:?}");
+        let seen = server.await.unwrap_or_default();
+        assert_eq!(
+            seen,
+            [("PATCH".to_string(), "application/merge-patch+json".to_string())],
+            "only the probe"
+        );
+
+        // Present: probed, then applied. At a start: applied at once (creating it).
+        let (client, server) = scripted(vec![(200, configuration()), (200, configuration())]);
+        assert!(matches!(apply_validating(&client, &configuration(), IfAbsent::Leave).await, Ok(true)));
+        drop(client);
+        let kinds: Vec<String> = server.await.unwrap_or_default().into_iter().map(|(_, k)| k).collect();
+        assert_eq!(kinds, ["application/merge-patch+json", "application/apply-patch+yaml"]);
+        let (client, server) = scripted(vec![(201, configuration())]);
+        assert!(matches!(apply_validating(&client, &configuration(), IfAbsent::Create).await, Ok(true)));
+        drop(client);
+        let kinds: Vec<String> = server.await.unwrap_or_default().into_iter().map(|(_, k)| k).collect();
+        assert_eq!(kinds, ["application/apply-patch+yaml"]);
     }
 }

@@ -221,7 +221,7 @@ pub async fn run(
 }
 
 /// Re-applies configurations at least this often even when nothing changed (someone may have
-/// re-applied deploy/ over them).
+/// re-applied deploy/ over them); such a refresh never makes a configuration that is gone.
 const RECONFIGURE_EVERY: Duration = Duration::from_secs(60);
 
 /// After a CA change, how long the API server gets to load the new caBundle before the
@@ -336,11 +336,11 @@ async fn keep_certificates(
                 let bundle = trust.bundle(keep_previous);
                 let kinds = webhook.kinds();
                 let names: Vec<String> = kinds.iter().map(|k| format!("{}.{}", k.plural, k.group)).collect();
-                let stale = configured
-                    .as_ref()
-                    .is_none_or(|(b, n, at)| *b != bundle || *n != names || at.elapsed() > RECONFIGURE_EVERY);
-                if stale {
-                    match configure(&client, &settings, &kinds, &bundle).await {
+                let changed = configured.as_ref().is_none_or(|(b, n, _)| *b != bundle || *n != names);
+                let due = configured.as_ref().is_some_and(|(_, _, at)| at.elapsed() > RECONFIGURE_EVERY);
+                if changed || due {
+                    let if_absent = if changed { config::IfAbsent::Create } else { config::IfAbsent::Leave };
+                    match configure(&client, &settings, &kinds, &bundle, if_absent).await {
                         Ok(()) => configured = Some((bundle, names, Instant::now())),
                         Err(e) => tracing::warn!(error = %e, "webhook configuration not updated; retrying"),
                     }
@@ -365,6 +365,7 @@ async fn configure(
     settings: &WebhookSettings,
     kinds: &[KindInfo],
     bundle: &str,
+    if_absent: config::IfAbsent,
 ) -> Result<(), WebhookError> {
     let inject_from = settings.cert_manager.then(|| certmanager::inject_ca_from(&settings.namespace));
     if matches!(settings.configure, Configure::All | Configure::Validating) {
@@ -375,7 +376,12 @@ async fn configure(
         if let Some(from) = &inject_from {
             vwc["metadata"]["annotations"] = serde_json::json!({ config::INJECT_CA_FROM: from });
         }
-        config::apply_validating(client, &vwc).await?;
+        if !config::apply_validating(client, &vwc, if_absent).await? {
+            tracing::warn!(
+                configuration = %settings.configuration,
+                "the ValidatingWebhookConfiguration is gone (an uninstall?); not made again until a restart or a change of CA or kinds"
+            );
+        }
     }
     if matches!(settings.configure, Configure::All | Configure::Conversion) {
         for kind in kinds.iter().filter(|k| k.versions.len() > 1) {

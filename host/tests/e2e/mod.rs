@@ -982,3 +982,54 @@ pub async fn has_event(env: &TestEnv, name: &str, reason: &str) -> bool {
     }
     false
 }
+
+/// `kubectl stateward ARGS` with this build installed as kubectl's plugin (`kubectl-stateward`
+/// on PATH), as a user runs it, against `env`'s cluster; returns what it printed, failing the
+/// test if it failed.
+pub fn kubectl_stateward(env: &TestEnv, args: &[&str]) -> String {
+    let dir = std::env::temp_dir().join(format!("stateward-kubectl-plugin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("plugin dir");
+    let link = dir.join("kubectl-stateward");
+    if !link.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_stateward"), &link).expect("link kubectl-stateward");
+    }
+    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
+    // kubectl takes no flag before a plugin's name: the kubeconfig goes by the environment.
+    let out = std::process::Command::new(stateward_testkit::kubectl_binary())
+        .arg("stateward")
+        .args(args)
+        .env("PATH", path)
+        .env("KUBECONFIG", env.kubeconfig())
+        .output()
+        .expect("kubectl stateward");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "kubectl stateward {args:?} failed: {text}");
+    text
+}
+
+/// The client Services of the instance `name` (every one but the headless).
+pub async fn client_services(env: &TestEnv, name: &str) -> Vec<k8s_openapi::api::core::v1::Service> {
+    let services: Api<k8s_openapi::api::core::v1::Service> = env.api();
+    let list = services
+        .list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={name}")))
+        .await
+        .expect("list Services");
+    list.items
+        .into_iter()
+        .filter(|s| s.spec.as_ref().and_then(|sp| sp.cluster_ip.as_deref()) != Some("None"))
+        .collect()
+}
+
+/// The pods in the endpoints of the instance's client Services, together.
+pub async fn client_endpoints(env: &TestEnv, name: &str) -> BTreeSet<String> {
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> = env.api();
+    let mut pods = BTreeSet::new();
+    for svc in client_services(env, name).await {
+        let selector = format!("kubernetes.io/service-name={}", svc.name_any());
+        let list = slices.list(&ListParams::default().labels(&selector)).await.expect("list EndpointSlices");
+        for slice in list.items {
+            pods.extend(slice.endpoints.into_iter().filter_map(|e| e.target_ref.and_then(|r| r.name)));
+        }
+    }
+    pods
+}

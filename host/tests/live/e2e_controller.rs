@@ -58,9 +58,9 @@ async fn lifecycle(kind: Kind) {
     assert_eq!(condition(&cr, "Degraded"), Some("False"), "{}", summary(&cr));
     assert_eq!(child_names(&env, &env.namespace, "statefulsets", name).len(), 1);
     assert!(!child_names(&env, &env.namespace, "services", name).is_empty());
-    // The configuration; PostgreSQL and Redis also publish the topology their pods start from.
-    let config_maps = if kind.plural == "elasticsearchclusters" { 1 } else { 2 };
-    assert_eq!(child_names(&env, &env.namespace, "configmaps", name).len(), config_maps);
+    // The configuration, and what the pods start from: the topology for PostgreSQL and Redis,
+    // the bootstrap list for Elasticsearch.
+    assert_eq!(child_names(&env, &env.namespace, "configmaps", name).len(), 2);
     // Credentials and the server certificate; PostgreSQL also keeps the application's.
     let secrets = if kind.plural == "postgresclusters" { 3 } else { 2 };
     assert_eq!(child_names(&env, &env.namespace, "secrets", name).len(), secrets);
@@ -149,6 +149,121 @@ async fn lifecycle(kind: Kind) {
     check_phases(&mut wrong_phases, "scale down", &seen, &["Running", "Scaling"]);
     // whenScaled: Retain — no claim is lost by scaling down.
     assert_eq!(pvc_uids(&env, name).await.len(), 5, "claims after scaling down");
+
+    // hibernate, then wake (through `kubectl stateward`): no pod, every claim and Secret kept;
+    // the same claims again after the wake.
+    let claims = pvc_uids(&env, name).await;
+    let secrets = child_names(&env, &env.namespace, "secrets", name);
+    kubectl_stateward(&env, &["hibernate", name, "-n", &ns]);
+    let pods: Api<Pod> = env.api();
+    let (_, slept) = wait_for("Hibernated with no pod left", CONVERGE, || {
+        let (api, pods) = (api.clone(), pods.clone());
+        async move {
+            let cr = get_cr(&api, name).await.ok_or("CR gone")?;
+            let left = pods
+                .list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={name}")))
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+            if condition(&cr, "Hibernated") == Some("True") && left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{left} pod(s); {}", summary(&cr)))
+            }
+        }
+    })
+    .await;
+    assert_eq!(replicas(sts_api(&env).get(name).await.expect("StatefulSet")), Some(0));
+    assert_eq!(pvc_uids(&env, name).await, claims, "the claims hibernated with");
+    assert_eq!(child_names(&env, &env.namespace, "secrets", name), secrets);
+    let cr = get_cr(&api, name).await.expect("CR");
+    assert_eq!(condition(&cr, "Available"), Some("False"), "{}", summary(&cr));
+    let shown = kubectl_stateward(&env, &["status", name, "-n", &ns]);
+    assert!(
+        shown.contains("hibernate:") && shown.contains("Hibernated"),
+        "kubectl stateward status:\n{shown}"
+    );
+    assert!(has_event(&env, name, "Hibernating").await, "no Hibernating Event");
+    kubectl_stateward(&env, &["wake", name, "-n", &ns]);
+    let woke = wait_running(&env, kind, name, 3, CONVERGE).await;
+    assert!(has_event(&env, name, "Waking").await, "no Waking Event");
+    assert_eq!(pvc_uids(&env, name).await, claims, "the claims woken with");
+    let cr = get_cr(&api, name).await.expect("CR");
+    assert_eq!(condition(&cr, "Hibernated"), None, "{}", summary(&cr));
+    eprintln!(
+        "e2e[{}]: hibernated (0 pods, {} claims kept) in {slept:.1?}, woken Running 3/3 in {woke:.1?}",
+        kind.kind,
+        claims.len()
+    );
+
+    // fence, then unfence (through `kubectl stateward`): lc-1 leaves every client Service and
+    // is kept; then it is back.
+    let served = || client_endpoints(&env, name);
+    // (Settled: the same two seconds apart, after the wake's pods turned Ready.)
+    let (all, _) = wait_for("the client Services' endpoints settled", CONVERGE, || async {
+        let first = served().await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let then = served().await;
+        if first == then {
+            Ok(then)
+        } else {
+            Err(format!("{first:?} then {then:?}"))
+        }
+    })
+    .await;
+    let uid = pods.get("lc-1").await.expect("lc-1").uid();
+    kubectl_stateward(&env, &["fence", name, "lc-1", "-n", &ns]);
+    let (_, fenced_in) = wait_for("lc-1 out of every client Service", CONVERGE, || {
+        let (api, pods, all) = (api.clone(), pods.clone(), all.clone());
+        let served = served();
+        async move {
+            let cr = get_cr(&api, name).await.ok_or("CR gone")?;
+            let pod = pods.get("lc-1").await.map_err(|e| e.to_string())?;
+            let label = pod.labels().get("stateward.dev/fenced").cloned();
+            let now = served.await;
+            let expected: BTreeSet<String> = all.iter().filter(|p| *p != "lc-1").cloned().collect();
+            if condition(&cr, "Fenced") == Some("True") && label.as_deref() == Some("true") && now == expected
+            {
+                Ok(())
+            } else {
+                Err(format!("label {label:?}, endpoints {now:?}; {}", summary(&cr)))
+            }
+        }
+    })
+    .await;
+    assert_eq!(pods.get("lc-1").await.expect("lc-1 kept").uid(), uid, "the fenced pod is kept as it was");
+    for svc in client_services(&env, name).await {
+        let selector = svc.spec.and_then(|s| s.selector).unwrap_or_default();
+        assert_eq!(
+            selector.get("stateward.dev/fenced").map(String::as_str),
+            Some("false"),
+            "{:?}",
+            svc.metadata.name
+        );
+    }
+    assert!(has_event(&env, name, "Fenced").await, "no Fenced Event");
+    kubectl_stateward(&env, &["unfence", name, "-n", &ns]);
+    let (_, unfenced_in) = wait_for("lc-1 back in the client Services", CONVERGE, || {
+        let (api, all) = (api.clone(), all.clone());
+        let served = served();
+        async move {
+            let cr = get_cr(&api, name).await.ok_or("CR gone")?;
+            let now = served.await;
+            if condition(&cr, "Fenced") == Some("False") && now == all {
+                Ok(())
+            } else {
+                Err(format!("endpoints {now:?}; {}", summary(&cr)))
+            }
+        }
+    })
+    .await;
+    assert!(has_event(&env, name, "Unfenced").await, "no Unfenced Event");
+    eprintln!(
+        "e2e[{}]: lc-1 fenced (out of {} client endpoint(s)) in {fenced_in:.1?}, back in {unfenced_in:.1?}",
+        kind.kind,
+        all.len()
+    );
 
     // upgrade
     rec.clear();
@@ -311,29 +426,6 @@ async fn rolled(
     .await;
     let (watched_floor, pod_events) = floor.floor();
     (took, min_ready.load(std::sync::atomic::Ordering::Relaxed), watched_floor, pod_events)
-}
-
-/// `kubectl stateward ARGS` with this build installed as kubectl's plugin (`kubectl-stateward`
-/// on PATH), as a user runs it; returns what it printed, failing the test if it failed.
-fn kubectl_stateward(env: &TestEnv, args: &[&str]) -> String {
-    let dir = std::env::temp_dir().join(format!("stateward-kubectl-plugin-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("plugin dir");
-    let link = dir.join("kubectl-stateward");
-    if !link.exists() {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_stateward"), &link).expect("link kubectl-stateward");
-    }
-    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
-    // kubectl takes no flag before a plugin's name: the kubeconfig goes by the environment.
-    let out = std::process::Command::new(stateward_testkit::kubectl_binary())
-        .arg("stateward")
-        .args(args)
-        .env("PATH", path)
-        .env("KUBECONFIG", env.kubeconfig())
-        .output()
-        .expect("kubectl stateward");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "kubectl stateward {args:?} failed: {text}");
-    text
 }
 
 /// Records a problem when `seen` holds a phase outside `allowed` for that step.

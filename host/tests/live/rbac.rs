@@ -200,7 +200,7 @@ const PERMISSIONS: &[Grant] = &[
         scope: Scope::Operator,
         group: "",
         resources: &["configmaps"],
-        verbs: &["get", "list", "watch"],
+        verbs: &["list", "watch"],
         names: &[],
         code: "reload/mod.rs: Reloader::configmaps — watcher over ConfigMaps labelled \
                stateward.dev/plugin or stateward.dev/policy=true (list + watch)",
@@ -300,8 +300,9 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     ("webhook/certs.rs", ".get_opt(", 1),
     ("webhook/certs.rs", ".replace(", 1),
     ("webhook/certs.rs", "Api::namespaced", 1),
-    // ValidatingWebhookConfiguration apply, CRD conversion caBundle merge patch.
-    ("webhook/config.rs", ".patch(", 2),
+    // ValidatingWebhookConfiguration apply and the probe before a refresh (an empty merge
+    // patch: the same permission), CRD conversion caBundle merge patch.
+    ("webhook/config.rs", ".patch(", 3),
     ("webhook/config.rs", "Api::all", 1),
     // Reads the webhook Secret (readiness of the certificate).
     ("webhook/mod.rs", ".get_opt(", 1),
@@ -893,102 +894,39 @@ fn redis_api(env: &TestEnv) -> Api<DynamicObject> {
     Api::namespaced_with(env.client.clone(), &env.namespace, &ar)
 }
 
-/// Live: the namespaced Role (plus the Lease Role) is all `stateward run --namespace` needs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn namespaced_role_is_enough() -> anyhow::Result<()> {
-    let plugins = plugin_dir()?;
-    let env = TestEnv::new("rbac-ns").await?;
-    let result = namespaced_run(&env, &plugins).await;
-    if result.is_err() {
-        // Leave nothing that blocks the namespace's deletion.
-        let _ = env
-            .kubectl()
-            .args([
-                "-n",
-                &env.namespace,
-                "patch",
-                "redisclusters",
-                "cache",
-                "--type=merge",
-                "-p",
-                r#"{"metadata":{"finalizers":null}}"#,
-            ])
-            .output();
-    }
-    result
-}
-
-async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
+/// The operator's identity in the test's namespace: ServiceAccount `stateward` bound only to
+/// the shipped namespaced Roles (moved into this namespace), the watched one first changed by
+/// `edit`.
+async fn bind_account(env: &TestEnv, edit: impl Fn(&mut Value)) -> anyhow::Result<()> {
     let ns = env.namespace.clone();
-    // CRDs (cluster-scoped) are the admin's job, as in the README's install.
-    let mut cmd = env.kubectl();
-    cmd.args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-rbac-test", "-f"])
-        .arg(root().join("deploy/crds"));
-    kubectl_output(cmd, None)?;
-    let mut cmd = env.kubectl();
-    cmd.args(["wait", "--for=condition=Established", "--timeout=60s"])
-        .args(CRS.iter().map(|p| format!("crd/{p}.stateward.dev")));
-    kubectl_output(cmd, None)?;
-
-    // The operator's identity, bound only to the shipped namespaced Roles (moved into this namespace).
     let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "stateward"}}))?;
     env.api::<ServiceAccount>().create(&PostParams::default(), &sa).await?;
     let subjects = json!([{"kind": "ServiceAccount", "name": "stateward", "namespace": ns}]);
-    for (role_file, binding_file) in [
+    for (i, (role_file, binding_file)) in [
         ("deploy/rbac/namespaced/role.yaml", "deploy/rbac/namespaced/rolebinding.yaml"),
         ("deploy/rbac/operator-namespace/role.yaml", "deploy/rbac/operator-namespace/rolebinding.yaml"),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let mut role = load_one(role_file)?;
         role["metadata"]["namespace"] = json!(ns);
+        if i == 0 {
+            edit(&mut role);
+        }
         env.api::<Role>().create(&PostParams::default(), &serde_json::from_value(role)?).await?;
         let mut binding = load_one(binding_file)?;
         binding["metadata"]["namespace"] = json!(ns);
         binding["subjects"] = subjects.clone();
         env.api::<RoleBinding>().create(&PostParams::default(), &serde_json::from_value(binding)?).await?;
     }
+    Ok(())
+}
 
-    // What the API server's authorizer says, row by row, and a few things it must refuse.
-    let user = format!("system:serviceaccount:{ns}:stateward");
-    let groups = vec![
-        "system:serviceaccounts".to_string(),
-        format!("system:serviceaccounts:{ns}"),
-        "system:authenticated".to_string(),
-    ];
-    let started = Instant::now();
-    while !may(env, &user, &groups, (&ns, "apps", "statefulsets", "list", "")).await? {
-        ensure!(started.elapsed() < Duration::from_secs(20), "the Role never took effect");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let mut checked = 0;
-    for scope in [Scope::Watched, Scope::Operator] {
-        for (g, r, v, n) in expected(scope) {
-            ensure!(
-                may(env, &user, &groups, (&ns, &g, &r, &v, &n)).await?,
-                "table grants {v} {g}/{r} {n} but the API server denies it"
-            );
-            checked += 1;
-        }
-    }
-    let denied: [Access<'_>; 9] = [
-        ("", "apps", "statefulsets", "list", ""),
-        ("", "stateward.dev", "redisclusters", "watch", ""),
-        ("default", "", "secrets", "list", ""),
-        (ns.as_str(), "", "secrets", "get", ""),
-        (ns.as_str(), "apps", "statefulsets", "update", ""),
-        (ns.as_str(), "stateward.dev", "redisclusters", "delete", ""),
-        (ns.as_str(), "coordination.k8s.io", "leases", "update", "someone-else"),
-        (ns.as_str(), "", "pods", "create", ""),
-        ("", "apiextensions.k8s.io", "customresourcedefinitions", "get", ""),
-    ];
-    for access in denied {
-        let (namespace, group, resource, verb, name) = access;
-        ensure!(
-            !may(env, &user, &groups, access).await?,
-            "the ServiceAccount may {verb} {group}/{resource} {name} in {namespace:?}: more than the Role should give"
-        );
-    }
-    println!("authorizer: {checked} table permissions allowed, {} outside it denied", denied.len());
-
+/// `stateward run --namespace` as the bound ServiceAccount (a token in a kubeconfig of its
+/// own), until it is ready (leader, caches synced). Also returns its scratch directory.
+async fn start_operator(env: &TestEnv, plugins: &Path) -> anyhow::Result<(Operator, PathBuf)> {
+    let ns = env.namespace.clone();
     // A token for the ServiceAccount, in a kubeconfig the operator runs with.
     let request = TokenRequest {
         spec: TokenRequestSpec {
@@ -1057,6 +995,192 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     println!("operator ready (leader, caches synced) after {:.1?}", started.elapsed());
+    Ok((operator, dir))
+}
+
+/// Live: the namespaced Role (plus the Lease Role) is all `stateward run --namespace` needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaced_role_is_enough() -> anyhow::Result<()> {
+    let plugins = plugin_dir()?;
+    let env = TestEnv::new("rbac-ns").await?;
+    let result = namespaced_run(&env, &plugins).await;
+    if result.is_err() {
+        // Leave nothing that blocks the namespace's deletion.
+        let _ = env
+            .kubectl()
+            .args([
+                "-n",
+                &env.namespace,
+                "patch",
+                "redisclusters",
+                "cache",
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ])
+            .output();
+    }
+    result
+}
+
+/// CRDs (cluster-scoped) are the admin's job, as in the README's install.
+fn apply_crds(env: &TestEnv) -> anyhow::Result<()> {
+    let mut cmd = env.kubectl();
+    cmd.args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-rbac-test", "-f"])
+        .arg(root().join("deploy/crds"));
+    kubectl_output(cmd, None)?;
+    let mut cmd = env.kubectl();
+    cmd.args(["wait", "--for=condition=Established", "--timeout=60s"])
+        .args(CRS.iter().map(|p| format!("crd/{p}.stateward.dev")));
+    kubectl_output(cmd, None)?;
+    Ok(())
+}
+
+/// Takes `verb` on `resource` out of a Role's rules (a rule naming other resources keeps
+/// them, with the verb).
+fn without(role: &mut Value, verb: &str, resource: &str) {
+    let mut rules = Vec::new();
+    for rule in role["rules"].as_array().cloned().unwrap_or_default() {
+        let names = strings(&rule, "resources");
+        if !names.iter().any(|r| r == resource) {
+            rules.push(rule);
+            continue;
+        }
+        let others: Vec<&String> = names.iter().filter(|r| *r != resource).collect();
+        if !others.is_empty() {
+            let mut kept = rule.clone();
+            kept["resources"] = json!(others);
+            rules.push(kept);
+        }
+        let verbs: Vec<String> = strings(&rule, "verbs").into_iter().filter(|v| v != verb).collect();
+        if !verbs.is_empty() {
+            let mut cut = rule.clone();
+            cut["resources"] = json!([resource]);
+            cut["verbs"] = json!(verbs);
+            rules.push(cut);
+        }
+    }
+    role["rules"] = json!(rules);
+}
+
+/// [in-cluster] must-show 4: three rules of the namespaced Role, each taken out on its own,
+/// stop the step that needs them, and the refusal names the rule. For each, a namespace of
+/// its own, the account bound to the Role without that rule, the operator started as it, the
+/// Redis sample applied: the named step does not happen, and the operator says why (its log,
+/// or the resource's conditions: `cannot VERB resource "RESOURCE"`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_rules_taken_out_each_stop_a_named_step() -> anyhow::Result<()> {
+    let plugins = plugin_dir()?;
+    // (verb, resource, the step it stops)
+    let cuts = [
+        ("create", "secrets", "ensure-secret: the sample's generated password Secret is never made"),
+        // Logged as patch, authorized as create too: the audit log alone never shows this
+        // rule in use (realpods::in_cluster lists it with that reason).
+        ("create", "statefulsets", "apply: the sample's StatefulSet is never made (a server-side apply that makes an object needs create)"),
+        ("patch", "redisclusters/status", "status: the resource never gets a status"),
+    ];
+    for (verb, resource, step) in cuts {
+        let env = TestEnv::new("rbac-cut").await?;
+        apply_crds(&env)?;
+        bind_account(&env, |role| without(role, verb, resource)).await?;
+        let (operator, _dir) = start_operator(&env, &plugins).await?;
+        let mut cmd = env.kubectl();
+        cmd.args(["-n", &env.namespace, "apply", "-f"]).arg(root().join("deploy/samples/redis.yaml"));
+        kubectl_output(cmd, None)?;
+        let refusal = format!("cannot {verb} resource \"{resource}\"");
+        let crs = redis_api(&env);
+        let started = Instant::now();
+        let said = loop {
+            let cr = crs.get("cache").await?;
+            let conditions: Vec<String> = cr.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["message"].as_str().map(str::to_owned))
+                .collect();
+            let text = operator.log_text();
+            if let Some(line) =
+                text.lines().map(str::to_owned).chain(conditions).find(|l| l.contains(&refusal))
+            {
+                break line;
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(60),
+                "without {verb} {resource}: no refusal naming it within 60 s:\n{}",
+                operator.tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let by_instance = ListParams::default().labels("stateward.dev/instance=cache");
+        let not_done = match resource {
+            "secrets" => env.api::<Secret>().list(&by_instance).await?.items.is_empty(),
+            "statefulsets" => env
+                .api::<k8s_openapi::api::apps::v1::StatefulSet>()
+                .list(&by_instance)
+                .await?
+                .items
+                .is_empty(),
+            _ => crs.get("cache").await?.data.get("status").is_none_or(Value::is_null),
+        };
+        ensure!(not_done, "without {verb} {resource}, the step happened anyway ({step})");
+        println!("without {verb} {resource}: {step}; the operator said: {}", said.trim());
+        drop(operator);
+        let _ = env
+            .kubectl()
+            .args(["-n", &env.namespace, "patch", "redisclusters", "cache", "--type=merge"])
+            .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
+            .output();
+    }
+    Ok(())
+}
+
+async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
+    let ns = env.namespace.clone();
+    apply_crds(env)?;
+    bind_account(env, |_| {}).await?;
+    // What the API server's authorizer says, row by row, and a few things it must refuse.
+    let user = format!("system:serviceaccount:{ns}:stateward");
+    let groups = vec![
+        "system:serviceaccounts".to_string(),
+        format!("system:serviceaccounts:{ns}"),
+        "system:authenticated".to_string(),
+    ];
+    let started = Instant::now();
+    while !may(env, &user, &groups, (&ns, "apps", "statefulsets", "list", "")).await? {
+        ensure!(started.elapsed() < Duration::from_secs(20), "the Role never took effect");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut checked = 0;
+    for scope in [Scope::Watched, Scope::Operator] {
+        for (g, r, v, n) in expected(scope) {
+            ensure!(
+                may(env, &user, &groups, (&ns, &g, &r, &v, &n)).await?,
+                "table grants {v} {g}/{r} {n} but the API server denies it"
+            );
+            checked += 1;
+        }
+    }
+    let denied: [Access<'_>; 9] = [
+        ("", "apps", "statefulsets", "list", ""),
+        ("", "stateward.dev", "redisclusters", "watch", ""),
+        ("default", "", "secrets", "list", ""),
+        (ns.as_str(), "", "secrets", "get", ""),
+        (ns.as_str(), "apps", "statefulsets", "update", ""),
+        (ns.as_str(), "stateward.dev", "redisclusters", "delete", ""),
+        (ns.as_str(), "coordination.k8s.io", "leases", "update", "someone-else"),
+        (ns.as_str(), "", "pods", "create", ""),
+        ("", "apiextensions.k8s.io", "customresourcedefinitions", "get", ""),
+    ];
+    for access in denied {
+        let (namespace, group, resource, verb, name) = access;
+        ensure!(
+            !may(env, &user, &groups, access).await?,
+            "the ServiceAccount may {verb} {group}/{resource} {name} in {namespace:?}: more than the Role should give"
+        );
+    }
+    println!("authorizer: {checked} table permissions allowed, {} outside it denied", denied.len());
+
+    let (mut operator, _dir) = start_operator(env, plugins).await?;
 
     let mut cmd = env.kubectl();
     cmd.args(["-n", &ns, "apply", "-f"]).arg(root().join("deploy/samples/redis.yaml"));

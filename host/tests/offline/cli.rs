@@ -97,6 +97,21 @@ fn bad_input_gets_a_clear_error() {
     assert!(text(&out).contains("resource file"), "{}", text(&out));
 }
 
+/// Logs written to a pipe (a file, a CI log) are plain text: no terminal colour codes. A spec
+/// the plugin cannot use makes it log a warning, which the host writes as a log line.
+#[test]
+fn logs_into_a_pipe_carry_no_colour_codes() {
+    let plugins = plugin_dir();
+    let file = std::env::temp_dir().join(format!("stateward-cli-warn-{}.yaml", std::process::id()));
+    let cr = "apiVersion: stateward.dev/v1\nkind: PostgresCluster\nmetadata: {name: x, namespace: db}\n\
+              spec: {version: \"15\", replicas: 0, storage: {size: 1Gi}}\n";
+    std::fs::write(&file, cr).unwrap();
+    let out = stateward(&plugins, &["render", "-f", file.to_str().unwrap()]);
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(logs.contains("WARN") && logs.contains("invalid spec"), "{}", text(&out));
+    assert!(!logs.contains('\u{1b}'), "colour codes in {logs:?}");
+}
+
 #[test]
 fn plugin_inspect_lists_identity_and_imports() {
     let plugins = plugin_dir();

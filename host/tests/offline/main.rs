@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod chart;
 mod cli;
 mod configs;
 mod hot_reload;

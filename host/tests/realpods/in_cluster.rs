@@ -6,7 +6,8 @@
 //! v1alpha1 read converted, both through the in-cluster webhook Service; the operator's pods
 //! killed during a scale (must-show 5), its PodDisruptionBudget met through the Eviction API,
 //! a policy layer and a pinned plugin build hot-loaded from ConfigMaps (must-show 3), and an
-//! uninstall that keeps the data.
+//! uninstall that keeps the data. The same install with Helm, in namespace mode, and
+//! `helm uninstall` (must-show 2).
 //!
 //! The install is cluster-wide (webhook configurations, ClusterRoles, a controller for every
 //! namespace), so the test runs alone among the real-pods tests
@@ -611,6 +612,240 @@ async fn pinned_plugin_build_in_the_cluster(env: &TestEnv) {
     );
 }
 
+/// The audit-signing Secret, made before the install as deploy/kustomization.yaml and the
+/// chart's notes say (the operator's namespace is made here too).
+fn make_audit_signing_secret(env: &TestEnv) {
+    let key_dir = std::env::temp_dir().join(stateward_testkit::unique_name("incluster-key"));
+    std::fs::create_dir_all(&key_dir).expect("key dir");
+    let key = key_dir.join("key");
+    let out = Command::new(env!("CARGO_BIN_EXE_stateward"))
+        .args(["audit", "keygen", "--private-key"])
+        .arg(&key)
+        .output()
+        .expect("run stateward audit keygen");
+    assert!(out.status.success(), "audit keygen: {}", out_text(&out));
+    kubectl(env, &["create", "namespace", NS]);
+    let key_arg = format!("--from-file=key={}", key.display());
+    kubectl(env, &["-n", NS, "create", "secret", "generic", "stateward-audit-signing", &key_arg]);
+    let _ = std::fs::remove_dir_all(&key_dir);
+}
+
+/// Exactly one leader: the Lease names a live operator pod, and only that one says leader.
+async fn one_leader(env: &TestEnv) -> String {
+    let pods = operator_pods(env);
+    assert_eq!(pods.len(), 2, "operator pods: {pods:?}");
+    let (leader, _) = wait_for("one leader", Duration::from_secs(60), || async {
+        let lease = kubectl_json(env, &["-n", NS, "get", "lease", "stateward-leader"]);
+        let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or_default().to_owned();
+        let leaders: Vec<&String> = pods
+            .iter()
+            .filter(|p| {
+                serde_json::from_str::<Value>(&pod_http(env, p, "/debug/healthz"))
+                    .is_ok_and(|h| h["leader"] == true)
+            })
+            .collect();
+        if leaders.len() == 1 && *leaders[0] == holder {
+            Ok(holder)
+        } else {
+            Err(format!("Lease holder {holder:?}, pods saying leader {leaders:?}"))
+        }
+    })
+    .await;
+    eprintln!("in_cluster: leader {leader} (Lease stateward-leader), standby the other");
+    leader
+}
+
+/// The webhooks point at the Service, with the operator's built-in CA.
+fn webhooks_point_at_the_service(env: &TestEnv) {
+    let vwc = kubectl_json(env, &["get", "validatingwebhookconfiguration", "stateward"]);
+    for wh in vwc["webhooks"].as_array().expect("webhooks") {
+        assert_service_client_config("ValidatingWebhookConfiguration stateward", &wh["clientConfig"]);
+    }
+    let crd = kubectl_json(env, &["get", "crd", "postgresclusters.stateward.dev"]);
+    assert_service_client_config("CRD conversion", &crd["spec"]["conversion"]["webhook"]["clientConfig"]);
+}
+
+/// The PostgreSQL sample as deploy/local-samples has it (the local image), created in the
+/// test's namespace once admission answers through the Service; Available on real servers,
+/// and its primary answering. Returns the object.
+async fn postgres_sample_available(env: &TestEnv, sample: &str, installed: Instant) -> Value {
+    let root = e2e::workspace_root();
+    let text = std::fs::read_to_string(root.join("deploy/samples/postgres.yaml")).expect("sample");
+    let mut cr: Value = yaml_serde::from_str(&text).expect("sample yaml");
+    assert_eq!(cr["metadata"]["name"], sample);
+    cr["spec"]["image"] = json!(PG_IMAGE);
+    cr["spec"]["version"] = json!("15");
+    let replicas = cr["spec"]["replicas"].as_u64().expect("replicas");
+    // Ready pods are not yet a reachable Service: the EndpointSlice and then kube-proxy's
+    // rules follow the readiness change (CI once refused the first request). A user's first
+    // apply waits the same way, so the test measures when admission answers through the
+    // Service, with a server-side dry run that creates nothing.
+    let (_, serving) = wait_for("admission answering through the Service", Duration::from_secs(60), || {
+        let body = cr.to_string();
+        async move {
+            let args = ["apply", "--dry-run=server", "-n", &env.namespace, "-f", "-"];
+            let out = e2e::kubectl_stdin(env, &args, &body);
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(out_text(&out))
+            }
+        }
+    })
+    .await;
+    eprintln!(
+        "in_cluster: admission answering through the Service (server dry run): waited {serving:.1?} more"
+    );
+    let created = Instant::now();
+    let out = e2e::kubectl_stdin(env, &["apply", "-n", &env.namespace, "-f", "-"], &cr.to_string());
+    assert!(out.status.success(), "applying the sample: {}", out_text(&out));
+    let api = POSTGRES.api(env);
+    let (_, available) =
+        wait_for(&format!("PostgresCluster {sample} Available"), Duration::from_secs(420), || {
+            let api = api.clone();
+            async move {
+                let cr = get_cr(&api, sample).await.ok_or("CR not found")?;
+                if phase(&cr) == "Running" && condition(&cr, "Available") == Some("True") {
+                    Ok(())
+                } else {
+                    Err(summary(&cr))
+                }
+            }
+        })
+        .await;
+    eprintln!(
+        "in_cluster: sample {sample} ({replicas} members) Available {available:.1?} after create, {:.1?} after the install",
+        installed.elapsed() - (created.elapsed() - available)
+    );
+    // A real server answers on the primary (right after Available the plugin may still roll
+    // the members once, e.g. for their certificates: retried while the pod is replaced).
+    let (answer, _) = wait_for(&format!("pg_isready on {sample}-0"), Duration::from_secs(120), || async {
+        let pod = format!("{sample}-0");
+        let out = env
+            .kubectl()
+            .args(["-n", &env.namespace, "exec", &pod, "--", "pg_isready", "-h", "127.0.0.1"])
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = out_text(&out);
+        if out.status.success() && text.contains("accepting connections") {
+            Ok(text)
+        } else {
+            Err(text)
+        }
+    })
+    .await;
+    eprintln!("in_cluster: {}", answer.trim());
+    cr
+}
+
+/// Admission through the in-cluster Service: alice (edit rights on the kinds, group dev) may
+/// not set retentionPolicy: Delete. Returns the object she was refused.
+async fn alice_is_refused(env: &TestEnv) -> Value {
+    for args in [
+        vec!["create", "role", "cr-editor", "--verb=*", "--resource=postgresclusters.stateward.dev"],
+        vec!["create", "rolebinding", "alice-cr-editor", "--role=cr-editor", "--user=alice"],
+    ] {
+        kubectl(env, &[&args[..], &["-n", &env.namespace]].concat());
+    }
+    let validated = plugin_calls(env, "validate");
+    let mut denied = POSTGRES.manifest("alice-pg", 1, "Delete");
+    denied["spec"]["image"] = json!(PG_IMAGE);
+    denied["spec"]["version"] = json!("15");
+    let out = e2e::kubectl_stdin(
+        env,
+        &["apply", "-n", &env.namespace, "--as", "alice", "--as-group", "dev", "-f", "-"],
+        &denied.to_string(),
+    );
+    let err = out_text(&out);
+    assert!(!out.status.success(), "alice could set retentionPolicy: Delete: {err}");
+    assert!(
+        err.contains("denied the request")
+            && err.contains("retention-delete: alice may not set retentionPolicy: Delete"),
+        "not the admission webhook's denial: {err}"
+    );
+    assert!(get_cr(&POSTGRES.api(env), "alice-pg").await.is_none(), "a denied object was stored");
+    let validated_after = plugin_calls(env, "validate");
+    assert!(
+        validated_after > validated,
+        "no validate call counted by the operator pods ({validated} -> {validated_after})"
+    );
+    eprintln!("in_cluster: alice refused by the in-cluster webhook: {}", err.trim());
+    denied
+}
+
+/// A v1alpha1 read, converted by the operator's conversion webhook.
+fn v1alpha1_read_is_converted(env: &TestEnv, sample: &str, cr: &Value) {
+    let converted = plugin_calls(env, "convert");
+    let old = kubectl_json(
+        env,
+        &["-n", &env.namespace, "get", &format!("postgresclusters.v1alpha1.stateward.dev/{sample}")],
+    );
+    assert_eq!(old["apiVersion"], "stateward.dev/v1alpha1", "{old}");
+    assert_eq!(old["spec"]["storageSize"], cr["spec"]["storage"]["size"], "v1alpha1 storageSize: {old}");
+    assert!(old["spec"]["storage"].is_null(), "v1 field in the v1alpha1 object: {old}");
+    let converted_after = plugin_calls(env, "convert");
+    assert!(
+        converted_after > converted,
+        "no convert call counted by the operator pods ({converted} -> {converted_after})"
+    );
+    eprintln!("in_cluster: v1alpha1 read converted (storageSize {})", old["spec"]["storageSize"]);
+}
+
+/// The members of an instance: (pod, uid, restarts), sorted.
+fn members(env: &TestEnv, instance: &str) -> Vec<(String, String, i64)> {
+    let pods = kubectl_json(env, &["-n", &env.namespace, "get", "pods", "-l", instance]);
+    let mut seen: Vec<(String, String, i64)> = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let restarts = p["status"]["containerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["restartCount"].as_i64())
+                .sum();
+            (
+                p["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
+                p["metadata"]["uid"].to_string(),
+                restarts,
+            )
+        })
+        .collect();
+    seen.sort();
+    seen
+}
+
+/// After an uninstall: the cluster's pods are the same, unrestarted, every claim is Bound and
+/// the custom resource is still there.
+async fn the_data_stays(
+    env: &TestEnv,
+    sample: &str,
+    instance: &str,
+    before: &[(String, String, i64)],
+    took: Duration,
+) {
+    let claims = kubectl_json(env, &["-n", &env.namespace, "get", "pvc", "-l", instance]);
+    let bound =
+        claims["items"].as_array().into_iter().flatten().filter(|c| c["status"]["phase"] == "Bound").count();
+    assert_eq!(bound, before.len(), "claims after the uninstall: {claims}");
+    assert!(
+        get_cr(&POSTGRES.api(env), sample).await.is_some(),
+        "the PostgresCluster went with the uninstall"
+    );
+    assert_eq!(members(env, instance), before, "the uninstall touched the cluster's pods");
+    eprintln!(
+        "in_cluster: uninstalled in {took:.1?}: {sample} keeps its {bound} Bound claims and its {} pods, unrestarted",
+        before.len()
+    );
+    // With no operator left to run its finalizer, the sample goes with the test's namespace.
+    let pgc = format!("postgresclusters.stateward.dev/{sample}");
+    kubectl(
+        env,
+        &["-n", &env.namespace, "patch", &pgc, "--type=merge", "-p", r#"{"metadata":{"finalizers":[]}}"#],
+    );
+}
+
 #[tokio::test]
 async fn kustomize_install_serves_admission_conversion_and_the_postgres_sample() {
     let test = "in_cluster::kustomize_install_serves_admission_conversion_and_the_postgres_sample";
@@ -635,49 +870,15 @@ async fn kustomize_install_serves_admission_conversion_and_the_postgres_sample()
     uninstall(&env).unwrap_or_else(|e| panic!("removing an earlier install: {e}"));
     let sample = "main-pg";
     let _uninstall = Uninstall { env: &env, sample };
-
-    // The audit-signing Secret, made before the install as deploy/kustomization.yaml says.
-    let key_dir = std::env::temp_dir().join(stateward_testkit::unique_name("incluster-key"));
-    std::fs::create_dir_all(&key_dir).expect("key dir");
-    let key = key_dir.join("key");
-    let out = Command::new(env!("CARGO_BIN_EXE_stateward"))
-        .args(["audit", "keygen", "--private-key"])
-        .arg(&key)
-        .output()
-        .expect("run stateward audit keygen");
-    assert!(out.status.success(), "audit keygen: {}", out_text(&out));
-    kubectl(&env, &["create", "namespace", NS]);
-    let key_arg = format!("--from-file=key={}", key.display());
-    kubectl(&env, &["-n", NS, "create", "secret", "generic", "stateward-audit-signing", &key_arg]);
-    let _ = std::fs::remove_dir_all(&key_dir);
+    make_audit_signing_secret(&env);
 
     // Install.
+    let audit = audit_log(&env);
     let applied = Instant::now();
     kubectl(&env, &["apply", "--server-side", "-k", &root.join(OVERLAY).to_string_lossy()]);
     let ready = operator_ready(&env, "", Duration::from_secs(240)).await;
     eprintln!("in_cluster: apply -k -> 2 operator pods Ready in {ready:.1?}");
-
-    // Exactly one leader: the Lease names a live operator pod, and only that one says leader.
-    let pods = operator_pods(&env);
-    assert_eq!(pods.len(), 2, "operator pods: {pods:?}");
-    let (leader, _) = wait_for("one leader", Duration::from_secs(60), || async {
-        let lease = kubectl_json(&env, &["-n", NS, "get", "lease", "stateward-leader"]);
-        let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or_default().to_owned();
-        let leaders: Vec<&String> = pods
-            .iter()
-            .filter(|p| {
-                serde_json::from_str::<Value>(&pod_http(&env, p, "/debug/healthz"))
-                    .is_ok_and(|h| h["leader"] == true)
-            })
-            .collect();
-        if leaders.len() == 1 && *leaders[0] == holder {
-            Ok(holder)
-        } else {
-            Err(format!("Lease holder {holder:?}, pods saying leader {leaders:?}"))
-        }
-    })
-    .await;
-    eprintln!("in_cluster: leader {leader} (Lease stateward-leader), standby the other");
+    one_leader(&env).await;
 
     // The overlay's policy data cannot be rewritten in place (the floor changes only with
     // the pod spec).
@@ -690,130 +891,12 @@ async fn kustomize_install_serves_admission_conversion_and_the_postgres_sample()
         items.len() == 1 && items[0]["immutable"] == true,
         "the overlay's policy data should be one immutable ConfigMap: {floor_data}"
     );
+    webhooks_point_at_the_service(&env);
 
-    // The webhooks point at the Service, with the operator's built-in CA.
-    let vwc = kubectl_json(&env, &["get", "validatingwebhookconfiguration", "stateward"]);
-    for wh in vwc["webhooks"].as_array().expect("webhooks") {
-        assert_service_client_config("ValidatingWebhookConfiguration stateward", &wh["clientConfig"]);
-    }
-    let crd = kubectl_json(&env, &["get", "crd", "postgresclusters.stateward.dev"]);
-    assert_service_client_config("CRD conversion", &crd["spec"]["conversion"]["webhook"]["clientConfig"]);
-
-    // The PostgreSQL sample as deploy/local-samples has it (the local image).
-    let text = std::fs::read_to_string(root.join("deploy/samples/postgres.yaml")).expect("sample");
-    let mut cr: Value = yaml_serde::from_str(&text).expect("sample yaml");
-    assert_eq!(cr["metadata"]["name"], sample);
-    cr["spec"]["image"] = json!(PG_IMAGE);
-    cr["spec"]["version"] = json!("15");
+    let cr = postgres_sample_available(&env, sample, applied).await;
     let replicas = cr["spec"]["replicas"].as_u64().expect("replicas");
-    // Ready pods are not yet a reachable Service: the EndpointSlice and then kube-proxy's
-    // rules follow the readiness change (CI once refused the first request). A user's first
-    // apply waits the same way, so the test measures when admission answers through the
-    // Service, with a server-side dry run that creates nothing.
-    let (_, serving) = wait_for("admission answering through the Service", Duration::from_secs(60), || {
-        let body = cr.to_string();
-        let env = &env;
-        async move {
-            let args = ["apply", "--dry-run=server", "-n", &env.namespace, "-f", "-"];
-            let out = e2e::kubectl_stdin(env, &args, &body);
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(out_text(&out))
-            }
-        }
-    })
-    .await;
-    eprintln!(
-        "in_cluster: admission answering through the Service (server dry run): waited {serving:.1?} more"
-    );
-    let created = Instant::now();
-    let out = e2e::kubectl_stdin(&env, &["apply", "-n", &env.namespace, "-f", "-"], &cr.to_string());
-    assert!(out.status.success(), "applying the sample: {}", out_text(&out));
-    let api = POSTGRES.api(&env);
-    let (_, available) =
-        wait_for(&format!("PostgresCluster {sample} Available"), Duration::from_secs(420), || {
-            let api = api.clone();
-            async move {
-                let cr = get_cr(&api, sample).await.ok_or("CR not found")?;
-                if phase(&cr) == "Running" && condition(&cr, "Available") == Some("True") {
-                    Ok(())
-                } else {
-                    Err(summary(&cr))
-                }
-            }
-        })
-        .await;
-    eprintln!(
-        "in_cluster: sample {sample} ({replicas} members) Available {available:.1?} after create, {:.1?} after apply -k",
-        applied.elapsed() - (created.elapsed() - available)
-    );
-    // A real server answers on the primary (right after Available the plugin may still roll
-    // the members once, e.g. for their certificates: retried while the pod is replaced).
-    let (answer, _) = wait_for(&format!("pg_isready on {sample}-0"), Duration::from_secs(120), || async {
-        let pod = format!("{sample}-0");
-        let out = env
-            .kubectl()
-            .args(["-n", &env.namespace, "exec", &pod, "--", "pg_isready", "-h", "127.0.0.1"])
-            .output()
-            .map_err(|e| e.to_string())?;
-        let text = out_text(&out);
-        if out.status.success() && text.contains("accepting connections") {
-            Ok(text)
-        } else {
-            Err(text)
-        }
-    })
-    .await;
-    eprintln!("in_cluster: {}", answer.trim());
-
-    // Admission through the in-cluster Service: alice (edit rights on the kinds, group dev)
-    // may not set retentionPolicy: Delete.
-    for args in [
-        vec!["create", "role", "cr-editor", "--verb=*", "--resource=postgresclusters.stateward.dev"],
-        vec!["create", "rolebinding", "alice-cr-editor", "--role=cr-editor", "--user=alice"],
-    ] {
-        kubectl(&env, &[&args[..], &["-n", &env.namespace]].concat());
-    }
-    let validated = plugin_calls(&env, "validate");
-    let mut denied = POSTGRES.manifest("alice-pg", 1, "Delete");
-    denied["spec"]["image"] = json!(PG_IMAGE);
-    denied["spec"]["version"] = json!("15");
-    let out = e2e::kubectl_stdin(
-        &env,
-        &["apply", "-n", &env.namespace, "--as", "alice", "--as-group", "dev", "-f", "-"],
-        &denied.to_string(),
-    );
-    let err = out_text(&out);
-    assert!(!out.status.success(), "alice could set retentionPolicy: Delete: {err}");
-    assert!(
-        err.contains("denied the request")
-            && err.contains("retention-delete: alice may not set retentionPolicy: Delete"),
-        "not the admission webhook's denial: {err}"
-    );
-    assert!(get_cr(&api, "alice-pg").await.is_none(), "a denied object was stored");
-    let validated_after = plugin_calls(&env, "validate");
-    assert!(
-        validated_after > validated,
-        "no validate call counted by the operator pods ({validated} -> {validated_after})"
-    );
-    eprintln!("in_cluster: alice refused by the in-cluster webhook: {}", err.trim());
-
-    // A v1alpha1 read, converted by the operator's conversion webhook.
-    let converted = plugin_calls(&env, "convert");
-    let old = kubectl_json(
-        &env,
-        &["-n", &env.namespace, "get", &format!("postgresclusters.v1alpha1.stateward.dev/{sample}")],
-    );
-    assert_eq!(old["apiVersion"], "stateward.dev/v1alpha1", "{old}");
-    assert_eq!(old["spec"]["storageSize"], cr["spec"]["storage"]["size"], "v1alpha1 storageSize: {old}");
-    assert!(old["spec"]["storage"].is_null(), "v1 field in the v1alpha1 object: {old}");
-    let converted_after = plugin_calls(&env, "convert");
-    assert!(
-        converted_after > converted,
-        "no convert call counted by the operator pods ({converted} -> {converted_after})"
-    );
-    eprintln!("in_cluster: v1alpha1 read converted (storageSize {})", old["spec"]["storageSize"]);
+    let denied = alice_is_refused(&env).await;
+    v1alpha1_read_is_converted(&env, sample, &cr);
 
     // The operator killed during a scale (must-show 5), then its PodDisruptionBudget.
     let instance = format!("stateward.dev/instance={sample}");
@@ -825,48 +908,365 @@ async fn kustomize_install_serves_admission_conversion_and_the_postgres_sample()
 
     // Uninstall (`kubectl delete -k` leaves the CRDs, README) takes no data: the cluster's pods
     // keep running untouched and every claim stays Bound, with the operator gone.
-    let members = || {
-        let pods = kubectl_json(&env, &["-n", &env.namespace, "get", "pods", "-l", &instance]);
-        let mut seen: Vec<(String, String, i64)> = pods["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|p| {
-                let restarts = p["status"]["containerStatuses"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|c| c["restartCount"].as_i64())
-                    .sum();
-                (
-                    p["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
-                    p["metadata"]["uid"].to_string(),
-                    restarts,
-                )
-            })
-            .collect();
-        seen.sort();
-        seen
-    };
-    let before = members();
+    operator_requests_match_its_roles(&env, "kustomize", &audit);
+    let before = members(&env, &instance);
     assert_eq!(before.len() as u64, replicas, "members before the uninstall: {before:?}");
     let started = Instant::now();
     uninstall(&env).unwrap_or_else(|e| panic!("uninstall: {e}"));
-    let took = started.elapsed();
-    let claims = kubectl_json(&env, &["-n", &env.namespace, "get", "pvc", "-l", &instance]);
-    let bound =
-        claims["items"].as_array().into_iter().flatten().filter(|c| c["status"]["phase"] == "Bound").count();
-    assert_eq!(bound as u64, replicas, "claims after the uninstall: {claims}");
-    assert!(get_cr(&api, sample).await.is_some(), "the PostgresCluster went with the uninstall");
-    assert_eq!(members(), before, "the uninstall touched the cluster's pods");
+    the_data_stays(&env, sample, &instance, &before, started.elapsed()).await;
+}
+
+/// The API server's audit log of the real-pods cluster (tests/cluster/up: every request of a
+/// ServiceAccount outside kube-system, one line each), and how far it is now: a test reads
+/// the operator's requests from there on.
+fn audit_log(env: &TestEnv) -> (PathBuf, u64) {
+    let path = env.kubeconfig().parent().expect("state dir").join("logs").join("audit.log");
+    let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    (path, len)
+}
+
+/// One permission as RBAC grants it and the audit log records its use: verb, API group,
+/// resource (with `/subresource`), and where: `cluster` or the namespace.
+type Use = (String, String, String, String);
+
+/// The rules bound to the operator's account, flattened to one row per (verb, group,
+/// resource) and where they apply (`*`: every namespace and cluster-scoped), with names.
+fn operator_grants(env: &TestEnv) -> Vec<(Use, Vec<String>)> {
+    let account = |b: &Value| {
+        b["subjects"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["kind"] == "ServiceAccount" && s["name"] == "stateward" && s["namespace"] == NS)
+    };
+    let mut grants = Vec::new();
+    let mut add = |role: &Value, scope: &str| {
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            let names: Vec<String> = rule["resourceNames"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.as_str().map(str::to_owned))
+                .collect();
+            for group in rule["apiGroups"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                for resource in rule["resources"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                    for verb in rule["verbs"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+                        let row = (verb.to_owned(), group.to_owned(), resource.to_owned(), scope.to_owned());
+                        grants.push((row, names.clone()));
+                    }
+                }
+            }
+        }
+    };
+    for binding in
+        kubectl_json(env, &["get", "clusterrolebindings"])["items"].as_array().into_iter().flatten()
+    {
+        if account(binding) {
+            let role =
+                kubectl_json(env, &["get", "clusterrole", binding["roleRef"]["name"].as_str().unwrap_or("")]);
+            add(&role, "*");
+        }
+    }
+    // The operator's namespace and the test's (not another test's, whose namespace may still
+    // be going away with its bindings).
+    for binding in kubectl_json(env, &["get", "rolebindings", "-A"])["items"].as_array().into_iter().flatten()
+    {
+        let here =
+            [NS, env.namespace.as_str()].contains(&binding["metadata"]["namespace"].as_str().unwrap_or(""));
+        if here && account(binding) {
+            let ns = binding["metadata"]["namespace"].as_str().unwrap_or_default();
+            let name = binding["roleRef"]["name"].as_str().unwrap_or_default();
+            let kind = if binding["roleRef"]["kind"] == "ClusterRole" { "clusterrole" } else { "role" };
+            add(&kubectl_json(env, &["-n", ns, "get", kind, name]), ns);
+        }
+    }
+    grants
+}
+
+/// Rules the in-cluster scenarios may leave unused, each with why (and where it is used).
+const UNUSED_BECAUSE: &[(&str, &str, &str, &str)] = &[
+    ("create", "*", "statefulsets", APPLY_CREATES),
+    ("create", "*", "services", APPLY_CREATES),
+    ("create", "*", "configmaps", APPLY_CREATES),
+    ("create", "*", "persistentvolumeclaims", APPLY_CREATES),
+    ("create", "*", "poddisruptionbudgets", APPLY_CREATES),
+    ("create", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "an apply that makes the configuration when the installer's is absent (logged as patch too)"),
+    ("delete", "*", "*", "a plan's delete of a child, or a pod replaced in the plugin's order (scale-in, rolls, retentionPolicy Delete): the PostgreSQL and Redis live tests (pg_ha, redis_ha, live::rbac) make them with the same code; these scenarios delete nothing"),
+    ("patch", "", "persistentvolumeclaims", "volume growth, a larger storage size patching each claim: live::volume_growth"),
+    ("patch", "stateward.dev", "redisclusters", OTHER_KINDS),
+    ("patch", "stateward.dev", "elasticsearchclusters", OTHER_KINDS),
+    ("patch", "stateward.dev", "redisclusters/status", OTHER_KINDS),
+    ("patch", "stateward.dev", "elasticsearchclusters/status", OTHER_KINDS),
+    ("update", "stateward.dev", "*/finalizers", "only where OwnerReferencesPermissionEnforcement is on (OpenShift); stock kube-apiserver never checks it"),
+    ("create", "", "pods/exec", "newer API servers authorize the exec upgrade as create, this one (1.34) as get"),
+    ("get", "", "pods/exec", "older API servers authorize the exec upgrade as get"),
+    ("update", "", "secrets", "renewing the webhook's or the service CA's certificate (a compare-and-swap): live::webhooks renews them; an install only makes them"),
+    ("create", "events.k8s.io", "events", "Events on hot-loaded ConfigMaps in the operator's namespace; the Helm scenario loads none"),
+    ("create", "coordination.k8s.io", "leases", "made once per namespace; a Lease left by the previous install is taken over"),
+];
+
+/// Children are applied server-side: an apply that makes the object is logged as `patch` and
+/// authorized as `create` too (taking the rule out stops the first apply:
+/// live::rbac::three_rules_taken_out_each_stop_a_named_step).
+const APPLY_CREATES: &str = "server-side apply makes objects: logged as patch, authorized as create too";
+const OTHER_KINDS: &str =
+    "the scenarios run PostgreSQL only; the other kinds take the same calls (their live tests)";
+
+fn unused_because(verb: &str, group: &str, resource: &str) -> Option<&'static str> {
+    UNUSED_BECAUSE.iter().find_map(|(v, g, r, why)| {
+        let resource_matches =
+            *r == resource || (r.starts_with("*/") && resource.ends_with(&r[1..])) || *r == "*";
+        (*v == verb && (*g == group || *g == "*") && resource_matches).then_some(*why)
+    })
+}
+
+/// [in-cluster] must-show 4 over this test's stretch of the audit log: every request the
+/// operator's account made was allowed (no 403) and is one its roles grant; every granted
+/// (verb, group, resource) was used, or has its reason in [`UNUSED_BECAUSE`]. Prints both.
+fn operator_requests_match_its_roles(env: &TestEnv, what: &str, log: &(PathBuf, u64)) {
+    let text = std::fs::read(&log.0).unwrap_or_else(|e| panic!("{}: {e}", log.0.display()));
+    let user = format!("system:serviceaccount:{NS}:stateward");
+    let mut used: BTreeSet<Use> = BTreeSet::new();
+    let mut forbidden = Vec::new();
+    let mut terminating_refused = Vec::new();
+    let mut requests = 0;
+    for line in text[usize::try_from(log.1).unwrap_or(0).min(text.len())..].split(|b| *b == b'\n') {
+        let Ok(event) = serde_json::from_slice::<Value>(line) else { continue };
+        if event["user"]["username"] != user.as_str() || event["objectRef"].is_null() {
+            continue;
+        }
+        requests += 1;
+        let object = &event["objectRef"];
+        let mut resource = object["resource"].as_str().unwrap_or_default().to_owned();
+        if let Some(sub) = object["subresource"].as_str() {
+            resource = format!("{resource}/{sub}");
+        }
+        let scope = object["namespace"].as_str().unwrap_or("cluster").to_owned();
+        let verb = event["verb"].as_str().unwrap_or_default().to_owned();
+        let group = object["apiGroup"].as_str().unwrap_or_default().to_owned();
+        if event["responseStatus"]["code"] == 403 {
+            let request = format!("{verb} {group}/{resource} in {scope} ({})", event["requestURI"]);
+            // A namespace being deleted refuses new objects with a 403 its authorizer did not
+            // make (another test's namespace, its custom resources still being reconciled):
+            // that refusal says nothing about the roles. Everything else refused counts.
+            let authorized = event["annotations"]["authorization.k8s.io/decision"] == "allow";
+            let terminating =
+                event["responseStatus"]["message"].as_str().is_some_and(|m| m.contains("being terminated"));
+            if authorized && terminating {
+                terminating_refused.push(request);
+            } else {
+                forbidden.push(request);
+            }
+        }
+        used.insert((verb, group, resource, scope));
+    }
+    let grants = operator_grants(env);
+    let covered = |(verb, group, resource, scope): &Use| {
+        grants
+            .iter()
+            .any(|((v, g, r, s), _)| v == verb && g == group && r == resource && (s == "*" || s == scope))
+    };
+    let unallowed: Vec<&Use> = used.iter().filter(|u| !covered(u)).collect();
+    let mut unused = Vec::new();
+    let mut reasoned = Vec::new();
+    for ((verb, group, resource, scope), names) in &grants {
+        let applies =
+            |u: &Use| u.0 == *verb && u.1 == *group && u.2 == *resource && (scope == "*" || u.3 == *scope);
+        if used.iter().any(applies) {
+            continue;
+        }
+        let row = format!(
+            "{verb} {group}/{resource} in {scope}{}",
+            if names.is_empty() { String::new() } else { format!(" {names:?}") }
+        );
+        match unused_because(verb, group, resource) {
+            Some(why) => reasoned.push(format!("{row}: {why}")),
+            None => unused.push(row),
+        }
+    }
+    let shown: Vec<String> = used.iter().map(|(v, g, r, s)| format!("{v} {g}/{r} in {s}")).collect();
     eprintln!(
-        "in_cluster: uninstalled in {took:.1?}: {sample} keeps its {bound} Bound claims and its {} pods, unrestarted",
-        before.len()
+        "in_cluster[{what}]: the operator's account made {requests} requests (audit log), {} kinds of request:\n  {}\nunused, with their reasons:\n  {}",
+        used.len(),
+        shown.join("\n  "),
+        reasoned.join("\n  ")
     );
-    // With no operator left to run its finalizer, the sample goes with the test's namespace.
-    let pgc = format!("postgresclusters.stateward.dev/{sample}");
-    kubectl(
-        &env,
-        &["-n", &env.namespace, "patch", &pgc, "--type=merge", "-p", r#"{"metadata":{"finalizers":[]}}"#],
-    );
+    if !terminating_refused.is_empty() {
+        eprintln!(
+            "in_cluster[{what}]: refused by a namespace being deleted, not by a role: {terminating_refused:?}"
+        );
+    }
+    assert!(requests > 0, "{what}: no request of {user} in the audit log {}", log.0.display());
+    assert!(forbidden.is_empty(), "{what}: requests refused to the operator: {forbidden:?}");
+    assert!(unallowed.is_empty(), "{what}: requests no rule grants: {unallowed:?}");
+    assert!(unused.is_empty(), "{what}: granted, never used, and no reason written: {unused:?}");
+}
+
+/// helm with the test's kubeconfig; its output, or a panic naming the command and what it said.
+fn helm(env: &TestEnv, args: &[&str]) -> String {
+    let home = std::env::temp_dir().join(stateward_testkit::unique_name("helm-home"));
+    let out = Command::new(stateward_testkit::helm_binary())
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig())
+        .args(args)
+        .current_dir(e2e::workspace_root())
+        .output()
+        .expect("run helm (tests/cluster/build helm)");
+    let _ = std::fs::remove_dir_all(&home);
+    assert!(out.status.success(), "helm {args:?}: {}", out_text(&out));
+    out_text(&out)
+}
+
+/// At the end of the Helm install, passed or not: the CRDs it kept carry Helm's
+/// `managed-by` label, owned by Helm's field manager; deploy/'s are applied over them again
+/// (as a user moving to kustomize would, with --force-conflicts), so the next install of
+/// deploy/ finds them as its own.
+struct RestoreCrds<'a>(&'a TestEnv);
+
+impl Drop for RestoreCrds<'_> {
+    fn drop(&mut self) {
+        let crds = e2e::workspace_root().join("deploy/crds");
+        let out =
+            self.0.kubectl().args(["apply", "--server-side", "--force-conflicts", "-f"]).arg(&crds).output();
+        if !matches!(&out, Ok(o) if o.status.success()) {
+            eprintln!("in_cluster[helm]: restoring deploy/crds: {out:?}");
+        }
+    }
+}
+
+/// Whether the operator's account may `verb` `resource` in `namespace`.
+fn operator_can(env: &TestEnv, verb: &str, resource: &str, namespace: &str) -> bool {
+    let out = env
+        .kubectl()
+        .args(["auth", "can-i", verb, resource, "-n", namespace])
+        .arg(format!("--as=system:serviceaccount:{NS}:stateward"))
+        .output()
+        .expect("run kubectl");
+    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+}
+
+/// Must-show 2, live: the chart installed with Helm in namespace mode (the operator watches
+/// the test's namespace only, with a Role there), the local image and the floor's data
+/// admitting the local images as values; the same scenario as the kustomize install (operator
+/// pods Ready, one leader, the PostgreSQL sample Available on real servers, alice refused and
+/// a v1alpha1 read converted through the in-cluster Service); the operator's account reads no
+/// Secret outside its namespaces; `helm uninstall` keeps the CRDs, the cluster and its claims,
+/// and leaves no webhook configuration behind.
+#[tokio::test]
+async fn helm_install_in_namespace_mode_serves_admission_conversion_and_the_postgres_sample() {
+    let test =
+        "in_cluster::helm_install_in_namespace_mode_serves_admission_conversion_and_the_postgres_sample";
+    let Some(env) = RealPods::enter_exclusive(test, "inhelm").await.expect("real-pods cluster") else {
+        return;
+    };
+    let root = e2e::workspace_root();
+    let image = operator_image(&["--import"]);
+    eprintln!("in_cluster[helm]: image {}", image.trim());
+    uninstall(&env).unwrap_or_else(|e| panic!("removing an earlier install: {e}"));
+    let sample = "main-pg";
+    let _uninstall = Uninstall { env: &env, sample };
+    let _crds = RestoreCrds(&env);
+    make_audit_signing_secret(&env);
+    kubectl(&env, &["label", "namespace", NS, "pod-security.kubernetes.io/enforce=restricted"]);
+
+    let audit = audit_log(&env);
+    let installed = Instant::now();
+    let watched = format!("watchNamespace={}", env.namespace);
+    let floor = format!("policyFloorData={}", root.join(OVERLAY).join("data.json").display());
+    #[rustfmt::skip]
+    let out = helm(&env, &[
+        "install", "stateward", "deploy/helm/stateward", "-n", NS,
+        "--set", "scope=namespace", "--set", &watched,
+        "--set", "image.repository=localhost/stateward/operator", "--set", "image.tag=local",
+        "--set", "image.pullPolicy=Never", "--set-file", &floor,
+        // The CRDs are there already (the other real-pods tests apply deploy/crds, as a
+        // kustomize install would): the chart takes them over, as the README says.
+        "--take-ownership", "--force-conflicts",
+    ]);
+    assert!(out.contains("STATUS: deployed"), "helm install: {out}");
+    let ready = operator_ready(&env, "(helm)", Duration::from_secs(240)).await;
+    eprintln!("in_cluster[helm]: helm install -> 2 operator pods Ready in {ready:.1?}");
+    one_leader(&env).await;
+    webhooks_point_at_the_service(&env);
+
+    // Namespace mode: the watched namespace's Secrets, no one else's.
+    assert!(operator_can(&env, "list", "secrets", &env.namespace), "the watched namespace's Secrets");
+    for other in ["default", "kube-system"] {
+        assert!(!operator_can(&env, "list", "secrets", other), "the operator may list Secrets in {other}");
+        assert!(!operator_can(&env, "get", "secrets", other), "the operator may get Secrets in {other}");
+    }
+    for namespace in [env.namespace.as_str(), NS, "default"] {
+        let sa = format!("--as=system:serviceaccount:{NS}:stateward");
+        let list = kubectl(&env, &["auth", "can-i", "--list", "-n", namespace, &sa]);
+        eprintln!("in_cluster[helm]: kubectl auth can-i --list -n {namespace} for the operator:\n{list}");
+    }
+    let bound =
+        kubectl_json(&env, &["get", "clusterrolebinding", "-l", "app.kubernetes.io/instance=stateward"]);
+    let names: Vec<&str> = bound["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["stateward-webhook"], "namespace mode: only the webhook's cluster-wide binding");
+
+    let cr = postgres_sample_available(&env, sample, installed).await;
+    alice_is_refused(&env).await;
+    v1alpha1_read_is_converted(&env, sample, &cr);
+
+    // helm uninstall: the operator goes; the CRDs (resource-policy keep), the cluster, its
+    // pods and claims stay, and no webhook configuration is left to refuse every change.
+    operator_requests_match_its_roles(&env, "helm", &audit);
+    let instance = format!("stateward.dev/instance={sample}");
+    let before = members(&env, &instance);
+    // The operator pods' last words, for a configuration that comes back.
+    let logs: Vec<(String, std::process::Child)> = operator_pods(&env)
+        .into_iter()
+        .map(|pod| {
+            let child = env
+                .kubectl()
+                .args(["-n", NS, "logs", "-f", &pod])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("kubectl logs");
+            (pod, child)
+        })
+        .collect();
+    let started = Instant::now();
+    helm(&env, &["uninstall", "stateward", "-n", NS, "--wait", "--timeout", "120s"]);
+    let took = started.elapsed();
+    // Every operator pod gone, terminating ones included: until then one could still apply.
+    wait_for("the operator pods gone", Duration::from_secs(120), || async {
+        let selector = "app.kubernetes.io/name=stateward,app.kubernetes.io/component=operator";
+        let pods = kubectl_json(&env, &["-n", NS, "get", "pods", "-l", selector]);
+        match pods["items"].as_array().map(Vec::len) {
+            Some(0) => Ok(()),
+            n => Err(format!("{n:?} pods")),
+        }
+    })
+    .await;
+    let vwc = env
+        .kubectl()
+        .args(["get", "validatingwebhookconfiguration", "stateward", "-o", "yaml", "--show-managed-fields"])
+        .output()
+        .expect("kubectl");
+    if !out_text(&vwc).contains("NotFound") {
+        for (pod, child) in logs {
+            let out = child.wait_with_output().expect("kubectl logs");
+            let said = String::from_utf8_lossy(&out.stdout);
+            let webhook: Vec<&str> = said.lines().filter(|l| l.contains("webhook")).collect();
+            eprintln!("in_cluster[helm]: {pod} said of the webhook:\n{}", webhook.join("\n"));
+        }
+        panic!("a webhook configuration outlived the operator: {}", out_text(&vwc));
+    }
+    for (_, mut child) in logs {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    kubectl(&env, &["get", "crd", "postgresclusters.stateward.dev"]);
+    the_data_stays(&env, sample, &instance, &before, took).await;
 }

@@ -5,6 +5,9 @@
 //! once (no master is left to vote a replica in: they come back from their volumes) → ok again
 //! with every key; all six pods deleted at once (every address changes, so no node can find
 //! another by itself) → ok again with every key, the plugin's `CLUSTER MEET` reconnecting them.
+//! Must show 3: a fourth shard added (an even share of the slots and their keys moved to it)
+//! and removed again (its slots and keys moved off first), under a writer that follows
+//! MOVED/ASK redirections: every acknowledged write readable after, no other error.
 
 use super::*;
 
@@ -257,7 +260,120 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     assert_eq!(readable, KEYS);
     assert!(events.iter().any(|e| e.contains("ClusterFormed")), "{events:#?}");
 
+    // Must show 3: a fourth shard (8 pods), which takes an even share of the slots and their
+    // keys, then back to three, while a writer sets a new key every 50 ms.
+    // The data keys only (the probe written when a master was deleted is one more).
+    let keys_per_master = |sh: &[(String, Vec<String>)]| -> Vec<(String, usize)> {
+        sh.iter()
+            .map(|(m, _)| {
+                let n = client_sh(
+                    &env,
+                    &format!("redis-cli -h {m}.shop-headless --scan --pattern 'key:*' | wc -l"),
+                );
+                (m.clone(), n.trim().parse().unwrap_or(0))
+            })
+            .collect()
+    };
+    let scale = |shards: usize| {
+        let patch = json!({"spec": {"replicas": 2 * shards, "cluster": {"shards": shards}}}).to_string();
+        kubectl_ok(&env, &["patch", "rdc", "shop", "--type=merge", "-p", &patch]);
+    };
+    // The writer: each SET through `redis-cli -c` (it follows MOVED and ASK), its answer kept.
+    client_sh(
+        &env,
+        "rm -f /tmp/w.log; (i=0; while [ ! -e /tmp/w.stop ]; do i=$((i+1)); \
+         printf '%s %s\\n' \"$i\" \"$(timeout 10 redis-cli -c -h shop SET w:$i v:$i 2>&1 | tr '\\n' ' ')\" >> /tmp/w.log; \
+         sleep 0.05; done) >/dev/null 2>&1 &",
+    );
+    let started = Instant::now();
+    scale(4);
+    let (four, took) = wait_shards_ok(&env, "scaled out to 4 shards", 4, Duration::from_secs(300)).await;
+    // The rebalance moves a slot at a time: done once every master holds about a quarter.
+    let api = REDIS.api(&env);
+    wait_for("shop: 4 shards of about 4096 slots each", Duration::from_secs(120), || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, "shop").await.ok_or("CR not found")?;
+            let slots: Vec<u64> = cr
+                .pointer("/status/cluster/shards")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s["slots"].as_u64())
+                .collect();
+            if slots.len() == 4 && slots.iter().all(|n| *n >= 4000) {
+                Ok(())
+            } else {
+                Err(format!("slots per shard {slots:?}"))
+            }
+        }
+    })
+    .await;
+    let per_master = keys_per_master(&four);
+    let readable = cluster_keys_readable(&env);
+    eprintln!(
+        "realpods-redis: cluster: 3 -> 4 shards in {took:.1?} ({:.1?} in all); {readable}/{KEYS} keys; keys per master {per_master:?}; shards {four:?}",
+        started.elapsed()
+    );
+    assert_eq!(readable, KEYS);
+    assert!(
+        per_master.iter().all(|(_, n)| *n > 0),
+        "every shard, the new one too, holds keys: {per_master:?}"
+    );
+    // No key left behind on a master in a slot it gave away.
+    assert_eq!(per_master.iter().map(|(_, n)| n).sum::<usize>(), KEYS, "{per_master:?}");
+
+    // Back to three shards: the fourth master's slots and keys move to the others first.
+    let started = Instant::now();
+    scale(3);
+    let (three, took) = wait_shards_ok(&env, "scaled in to 3 shards", 3, Duration::from_secs(300)).await;
+    wait_for("shop: the StatefulSet down to 6 pods", Duration::from_secs(120), || {
+        let n = kubectl_ok(&env, &["get", "statefulset", "shop", "-o", "jsonpath={.status.replicas}"]);
+        async move {
+            if n.trim() == "6" {
+                Ok(())
+            } else {
+                Err(format!("{n} pods"))
+            }
+        }
+    })
+    .await;
+    let per_master = keys_per_master(&three);
+    let readable = cluster_keys_readable(&env);
+    eprintln!(
+        "realpods-redis: cluster: 4 -> 3 shards in {took:.1?} ({:.1?} in all); {readable}/{KEYS} keys; keys per master {per_master:?}; shards {three:?}",
+        started.elapsed()
+    );
+    assert_eq!(readable, KEYS);
+    assert_eq!(per_master.iter().map(|(_, n)| n).sum::<usize>(), KEYS, "{per_master:?}");
+
+    // The writer's record: every SET acknowledged, or an error other than a redirection (which
+    // `-c` follows), counted; every acknowledged key is read back.
+    client_sh(&env, "touch /tmp/w.stop; sleep 1");
+    let log = client_sh(&env, "cat /tmp/w.log");
+    let acked: Vec<&str> = log
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("OK"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let errors: Vec<&str> = log.lines().filter(|l| l.split_whitespace().nth(1) != Some("OK")).collect();
+    let lost = client_sh(
+        &env,
+        "grep ' OK' /tmp/w.log | cut -d' ' -f1 | sed 's/.*/GET w:&/' | timeout 60 redis-cli -c -h shop 2>&1 | grep -c '^v:' || true",
+    );
+    let read_back: usize = lost.trim().parse().unwrap_or(0);
+    eprintln!(
+        "realpods-redis: cluster writer during 3 -> 4 -> 3: {} writes, {} acknowledged, {} errors {:?}, {read_back} read back",
+        log.lines().count(),
+        acked.len(),
+        errors.len(),
+        errors.iter().take(5).collect::<Vec<_>>()
+    );
+    assert!(acked.len() > 100, "the writer ran: {} acknowledged", acked.len());
+    assert_eq!(read_back, acked.len(), "acknowledged writes lost");
+    assert!(errors.is_empty(), "errors other than redirections: {errors:?}");
     let events = super::super::pg_ha::cr_events(&env, "shop").await;
     eprintln!("realpods-redis: cluster events: {events:#?}");
+    assert!(events.iter().any(|e| e.contains("ScalingCluster")), "{events:#?}");
     drop(op);
 }

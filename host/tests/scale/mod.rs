@@ -88,6 +88,9 @@ pub struct Options {
     pub timeout: Duration,
     pub baseline: bool,
     pub storm: bool,
+    /// At the end, the operator stopped (SIGTERM, as a rolling upgrade does) and started
+    /// again on the same build: the writes it makes to the converged resources are counted.
+    pub restart: bool,
     /// Where logs and audit files go.
     pub work_dir: PathBuf,
 }
@@ -132,6 +135,12 @@ pub struct Report {
     pub rss_converged_mib: f64,
     pub storm_secs: Option<f64>,
     pub storm_writes_per_cr: Option<f64>,
+    /// After the second restart onto the same build: writes (children, resources, status) and
+    /// Events from before it stopped until it had reconciled every resource and a steady window
+    /// more.
+    pub restart_writes: Option<f64>,
+    pub restart_events: Option<f64>,
+    pub restart_reconciles: Option<f64>,
     /// How many resources were Available at the end of the wait (= n when it converged).
     pub available: usize,
     /// The operator's own counters when the creation settled: writes by verb and kind,
@@ -420,6 +429,46 @@ impl Bench {
             let op = operator.insert(Operator::start(self, &ns, &kubeconfig, opts)?);
             op.wait_ready(Duration::from_secs(120))?;
             self.measure_operator(opts, report, &ns, op, &counter).await?;
+            // Restarted twice: the first new leader also runs the audit sweep over resources
+            // the first one never swept (it started before they existed), and records their
+            // first PolicyCompliant verdict; the second restart is the upgrade of a cluster
+            // that has been running, and is the one measured.
+            for round in 1..=2 {
+                if !opts.restart {
+                    break;
+                }
+                let before = (counter.writes(self)?, counter.events(self)?, counter.resource_writes(self)?);
+                let statuses = self.statuses(&ns).await?;
+                if let Some(old) = operator.take() {
+                    old.stop()?;
+                }
+                let op = operator.insert(Operator::start(self, &ns, &kubeconfig, opts)?);
+                op.wait_ready(Duration::from_secs(120))?;
+                // A status that goes and comes back (a first reconcile before the first answer)
+                // ends where it began: look while it may be away.
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let early = self.statuses(&ns).await?;
+                let reconciles = op.reconciled(opts.n, opts.steady, Duration::from_secs(120))?;
+                let after = (counter.writes(self)?, counter.events(self)?, counter.resource_writes(self)?);
+                report.restart_writes = Some(after.0 - before.0);
+                report.restart_events = Some(after.1 - before.1);
+                report.restart_reconciles = Some(reconciles);
+                eprintln!(
+                    "scale[{}]: restart {round} on the same build: {reconciles} reconciles, {} writes ({} to the resources and their status), {} events",
+                    opts.n,
+                    after.0 - before.0,
+                    after.2 - before.2,
+                    after.1 - before.1
+                );
+                // What a status write changed, for the first resources it did.
+                let now = self.statuses(&ns).await?;
+                for (name, was) in statuses.iter().filter(|(n, v)| now.get(*n) != Some(*v)).take(2) {
+                    eprintln!("scale[{}]: {name}: status before restart {round} {was}\nafter {}", opts.n, now[name]);
+                }
+                for (name, was) in statuses.iter().filter(|(n, v)| early.get(*n) != Some(*v)).take(3) {
+                    eprintln!("scale[{}]: {name}: status before restart {round} {was}\nright after {}", opts.n, early[name]);
+                }
+            }
             counter.remove(self);
             anyhow::Ok(())
         }
@@ -585,6 +634,17 @@ impl Bench {
         report.cpu_total_secs = op.cpu_secs()?;
         report.peak_rss_mib = op.rss_mib("VmHWM")?;
         Ok(())
+    }
+
+    /// Every resource's status in `ns`, by name.
+    async fn statuses(&self, ns: &str) -> anyhow::Result<BTreeMap<String, Value>> {
+        let mut all = BTreeMap::new();
+        for kind in KINDS {
+            for cr in kind.api_with(&self.client, ns).list(&ListParams::default()).await? {
+                all.insert(cr.name_any(), cr.data.get("status").cloned().unwrap_or(Value::Null));
+            }
+        }
+        Ok(all)
     }
 
     /// Polls until all n resources are Running, Available and at their generation (at least
@@ -828,6 +888,8 @@ impl WriteCounter {
             "secrets",
             "persistentvolumeclaims",
             "poddisruptionbudgets",
+            // Label changes (the fence label, roles).
+            "pods",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -1019,6 +1081,40 @@ impl Operator {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Stops it as Kubernetes stops a pod (SIGTERM: it steps down and releases the Lease) and
+    /// keeps its log beside the next one's.
+    fn stop(mut self) -> anyhow::Result<()> {
+        let pid = self.child.id().to_string();
+        let term = Command::new("kill").args(["-TERM", &pid]).status()?;
+        anyhow::ensure!(term.success(), "kill -TERM {pid} failed");
+        let started = Instant::now();
+        while self.child.try_wait()?.is_none() {
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("the operator did not stop within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::fs::rename(&self.log, self.log.with_extension("before-restart.log"))?;
+        Ok(())
+    }
+
+    /// Waits until it has reconciled at least `n` times (a new leader reconciles every
+    /// resource as its caches fill; the plugins' polls then keep requeueing them), then for
+    /// `window` more; the reconciles it made.
+    fn reconciled(&self, n: usize, window: Duration, timeout: Duration) -> anyhow::Result<f64> {
+        let started = Instant::now();
+        let count =
+            || -> anyhow::Result<f64> { Ok(sum_metric(&self.metrics()?, "stateward_reconcile_total", &[])) };
+        while count()? < n as f64 {
+            if started.elapsed() > timeout {
+                bail!("{} reconciles after {timeout:?} (want {n})", count()?);
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        std::thread::sleep(window);
+        count()
     }
 
     fn metrics(&self) -> anyhow::Result<String> {

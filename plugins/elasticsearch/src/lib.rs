@@ -1,24 +1,29 @@
-//! The Elasticsearch plugin: `ElasticsearchCluster` (stateward.dev) → StatefulSet of
-//! master-eligible data nodes, headless (transport) and -http Services, ConfigMap with
-//! elasticsearch.yml, credentials, PDB.
+//! The Elasticsearch plugin: `ElasticsearchCluster` (stateward.dev) → one StatefulSet per node
+//! set (or one of identical nodes without `spec.nodeSets`), the headless (transport), -masters
+//! (discovery) and -http Services, the configuration and bootstrap ConfigMaps, credentials, PDB.
+//! The same plugin runs Elasticsearch 8 and OpenSearch 2 (`spec.distribution`).
 
 #![forbid(unsafe_code)]
 
 mod config;
+mod drain;
 pub mod live;
+mod node;
+mod roll;
+mod spec;
 
 /// The REST port.
 const HTTP_PORT: u16 = 9200;
+/// The configuration's key in the ConfigMap (mounted under the distribution's own file name).
+const CONFIG_FILE: &str = "elasticsearch.yml";
 
 use serde_json::{json, Map, Value};
 use stateward_sdk::builders::objects::Port;
-use stateward_sdk::builders::statefulset::{
-    env_from_secret, http_probe, ContainerSpec, Identity, ResourceDefaults,
-};
-use stateward_sdk::builders::Ctx;
+use stateward_sdk::builders::statefulset::ContainerSpec;
+use stateward_sdk::builders::{Ctx, MemberSet};
 use stateward_sdk::driver::{Blueprint, ClientService, Members};
 use stateward_sdk::params::ParamRule;
-use stateward_sdk::spec::{version_numbers, Cluster};
+use stateward_sdk::spec::{version_numbers, Cluster, ClusterSpec};
 use stateward_sdk::status::Derived;
 use stateward_sdk::FieldError;
 
@@ -27,8 +32,6 @@ pub use stateward_sdk::Service;
 /// The plugin; `Elasticsearch::reconcile(observed)` through [`Service`].
 pub struct Elasticsearch;
 
-const HOME: &str = "/usr/share/elasticsearch";
-
 impl Blueprint for Elasticsearch {
     const NAME: &'static str = "elasticsearch";
     const VERSION: &'static str = env!("CARGO_PKG_VERSION");
@@ -36,10 +39,12 @@ impl Blueprint for Elasticsearch {
     const PLURAL: &'static str = "elasticsearchclusters";
     const SHORT: &'static str = "esc";
     const COMPONENT: &'static str = "search";
-    const CONFIG_FILE: &'static str = "elasticsearch.yml";
+    const CONFIG_FILE: &'static str = CONFIG_FILE;
     const PORTS: &'static [Port] =
         &[Port { name: "http", port: HTTP_PORT }, Port { name: "transport", port: 9300 }];
     const SECRET_KEYS: &'static [(&'static str, u32)] = &[("password", 24)];
+    /// The built-in superuser the password belongs to (requests authenticate as it).
+    const SECRET_DERIVED: &'static [(&'static str, &'static str)] = &[("username", "elastic")];
     const PARAMETERS: &'static [ParamRule] = config::PARAMETERS;
     const FORBIDDEN: &'static [&'static str] = config::FORBIDDEN;
     const NO_PRIMARY: Option<&'static str> = Some(
@@ -47,8 +52,13 @@ impl Blueprint for Elasticsearch {
          master-eligible nodes, and every data node serves writes for the shards it holds",
     );
 
-    fn default_image(version: &str) -> String {
-        format!("docker.elastic.co/elasticsearch/elasticsearch:{version}")
+    fn default_image(spec: &ClusterSpec) -> String {
+        match spec::distribution(&spec.raw) {
+            spec::Distribution::Elasticsearch => {
+                format!("docker.elastic.co/elasticsearch/elasticsearch:{}", spec.version)
+            }
+            spec::Distribution::OpenSearch => format!("opensearchproject/opensearch:{}", spec.version),
+        }
     }
 
     fn config(ctx: &Ctx) -> String {
@@ -56,49 +66,26 @@ impl Blueprint for Elasticsearch {
     }
 
     fn container(ctx: &Ctx, image: String) -> ContainerSpec {
-        // The image reads its configuration directory, which also holds jvm.options and
-        // log4j2 settings: mount just elasticsearch.yml over the image's copy.
-        let health = "/_cluster/health?local=true";
-        ContainerSpec {
-            image,
-            command: Vec::new(),
-            args: Vec::new(),
-            env: vec![env_from_secret("ELASTIC_PASSWORD", &ctx.secret(), "password")],
-            ports: Self::PORTS.to_vec(),
-            readiness: http_probe(health, "http", 10, 10, 5, 3),
-            liveness: http_probe(health, "http", 90, 20, 10, 6),
-            startup: None,
-            data_mount: "/usr/share/elasticsearch/data",
-            extra_mounts: vec![json!({
-                "name": "config",
-                "mountPath": format!("{HOME}/config/elasticsearch.yml"),
-                "subPath": "elasticsearch.yml",
-                "readOnly": true,
-            })],
-            extra_volumes: Vec::new(),
-            identity: Identity { uid: 1000, gid: 1000 },
-            defaults: ResourceDefaults {
-                request_cpu: "500m",
-                request_memory: "2Gi",
-                limit_cpu: "2",
-                limit_memory: "2Gi",
-            },
-            termination_grace_seconds: 120,
-            // Nodes discover each other and elect a master together: start them all at once.
-            parallel: true,
-            rolled_by_plugin: false,
-            pre_stop: None,
-        }
+        node::container(ctx, &MemberSet::whole(ctx.cluster), image, Self::PORTS)
+    }
+
+    fn member_sets(ctx: &Ctx) -> Vec<MemberSet> {
+        spec::node_sets(ctx.cluster).iter().map(node::member_set).collect()
+    }
+
+    fn set_container(ctx: &Ctx, set: &MemberSet, image: String) -> ContainerSpec {
+        node::container(ctx, set, image, Self::PORTS)
     }
 
     fn client_services() -> Vec<ClientService> {
         vec![ClientService { suffix: "http", members: Members::All }]
     }
 
-    fn status_extra(_ctx: &Ctx, _derived: &Derived) -> Map<String, Value> {
+    fn status_extra(ctx: &Ctx, _derived: &Derived) -> Map<String, Value> {
         // Until the cluster answers GET /_cluster/health (see live.rs), its health is unknown.
         let mut m = Map::new();
         m.insert("clusterHealth".into(), json!({ "status": "unknown" }));
+        m.insert("distribution".into(), json!(spec::distribution(&ctx.cluster.spec.raw).as_str()));
         m
     }
 
@@ -107,18 +94,38 @@ impl Blueprint for Elasticsearch {
     }
 
     fn status_extra_schema() -> Map<String, Value> {
-        live::schema()
+        let mut m = live::schema();
+        m.insert(
+            "distribution".into(),
+            json!({ "type": "string", "enum": ["elasticsearch", "opensearch"], "description": "The server the nodes run." }),
+        );
+        m
+    }
+
+    fn spec_extra_schema() -> Map<String, Value> {
+        spec::schema()
+    }
+
+    fn validate_spec(spec: &Value, cluster: &Cluster) -> Vec<FieldError> {
+        let mut errs = spec::validate(spec, cluster);
+        if spec::distribution(spec) == spec::Distribution::OpenSearch {
+            for key in config::ELASTICSEARCH_ONLY.iter().filter(|k| cluster.spec.parameters.contains_key(**k))
+            {
+                errs.push(FieldError::new(
+                    format!("spec.parameters.{key}"),
+                    "is an Elasticsearch setting OpenSearch does not have (it would refuse to start)",
+                ));
+            }
+        }
+        errs
+    }
+
+    fn validate_spec_update(new_spec: &Value, old_spec: &Value) -> Vec<FieldError> {
+        spec::validate_update(new_spec, old_spec)
     }
 
     fn validate_update(new: &Cluster, old: &Cluster) -> Vec<FieldError> {
         let mut errs = Vec::new();
-        let (n, o) = (new.spec.replicas, old.spec.replicas);
-        if o >= 3 && n * 2 <= o {
-            errs.push(FieldError::new(
-                "spec.replicas",
-                format!("scaling from {o} to {n} at once would lose the master quorum; scale down in smaller steps"),
-            ));
-        }
         let (nv, ov) = (version_numbers(&new.spec.version), version_numbers(&old.spec.version));
         if nv < ov {
             errs.push(FieldError::new(

@@ -1,42 +1,137 @@
-//! What the running cluster says (WIT 0.2 requests): `GET /_cluster/health` through the
-//! cluster's http Service — its status (green, yellow, red), nodes and unassigned shards. Red, or
-//! yellow with unassigned shards, on three answers in a row is a Warning and a condition.
+//! What the running cluster says (WIT 0.2 requests), through the cluster's http Service:
+//! `GET /_cluster/health` (status green/yellow/red, nodes, unassigned shards) and `GET /_nodes`
+//! (each node's roles). Red, or yellow with unassigned shards, on three answers in a row is a
+//! Warning and a condition. The first health answer records the formation (see [`crate::node`]).
+//!
+//! Elasticsearch is asked over TLS, verified against the operator's CA for the http Service's
+//! name, as the `elastic` user; OpenSearch (the test image has no security plugin) over http.
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use stateward_sdk::builders::Ctx;
 use stateward_sdk::live::{response, Health, Live, LiveInput, Reading, Threshold};
-use stateward_sdk::{Action, HttpRequest, HttpTarget, RequestMode};
+use stateward_sdk::{Action, HttpRequest, HttpTarget, HttpTls, RequestMode, SecretBasicAuth};
+
+use crate::spec::{distribution, node_sets, Distribution};
+use crate::{drain, node, roll};
 
 pub const POLL_MS: u64 = 10_000;
+/// Until the cluster has formed: its first answer ends the bootstrap.
+pub const FORMING_POLL_MS: u64 = 2_000;
 const TIMEOUT_MS: u32 = 5_000;
-const ID: &str = "cluster-health";
+const HEALTH_ID: &str = "cluster-health";
+const NODES_ID: &str = "nodes";
 
 /// Not green (yellow counts 1, red 2) on three answers in a row.
 pub const HEALTH: Threshold = Threshold { key: "clusterHealth", reason: "ClusterNotGreen", times: 3 };
 
+/// The formation the status records, if the cluster has formed.
+pub fn formation(status: Option<&Value>) -> Option<&Value> {
+    status?.get("formation").filter(|f| f.get("formedAt").is_some())
+}
+
+/// A request through the http Service, as the distribution wants it asked.
+#[allow(clippy::too_many_arguments)]
+fn request(
+    ctx: &Ctx,
+    input: &LiveInput,
+    port: u16,
+    id: &str,
+    mode: RequestMode,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> HttpRequest {
+    let service = format!("{}-http", ctx.name());
+    let secured = distribution(&ctx.cluster.spec.raw) == Distribution::Elasticsearch;
+    let namespace =
+        input.resource.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("default");
+    let mut headers = vec![("Accept".to_string(), "application/json".to_string())];
+    if body.is_some() {
+        headers.push(("Content-Type".into(), "application/json".into()));
+    }
+    HttpRequest {
+        id: id.into(),
+        mode,
+        target: HttpTarget::Service(service.clone()),
+        port,
+        tls: secured.then(|| HttpTls {
+            ca_secret: ctx.tls_secret(),
+            server_name: format!("{service}.{namespace}.svc.cluster.local"),
+        }),
+        method: method.into(),
+        path: path.into(),
+        headers,
+        body,
+        basic_auth: secured.then(|| SecretBasicAuth {
+            secret: ctx.secret(),
+            username_key: "username".into(),
+            password_key: "password".into(),
+        }),
+        timeout_ms: TIMEOUT_MS,
+    }
+}
+
 pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     let mut live = Live::default();
+    let formed = formation(input.status).cloned();
+    for child in node::shared_children(ctx, formed.is_some()) {
+        live.before_pods.push(Action::Apply(child.to_string()));
+    }
+    if let Some(f) = &formed {
+        live.status.insert("formation".into(), f.clone());
+    }
+    if formed.is_none() {
+        roll::by_readiness(ctx, input, &mut live);
+    }
     let service = format!("{}-http", ctx.name());
     // Through the Service once the host observes it (a plan asking through a Service it does
     // not see yet is refused whole, the Service's own apply with it).
     if !input.pods.iter().any(|p| p.ready) || !input.services.contains(&service) {
         return live;
     }
-    live.actions.push(Action::Http(HttpRequest {
-        id: ID.into(),
-        mode: RequestMode::EveryMs(POLL_MS),
-        target: HttpTarget::Service(service),
-        port,
-        tls: None,
-        method: "GET".into(),
-        path: "/_cluster/health".into(),
-        headers: vec![("Accept".into(), "application/json".into())],
-        body: None,
-        basic_auth: None,
-        timeout_ms: TIMEOUT_MS,
-    }));
-    live.requeue_after_ms = Some(POLL_MS);
-    let Some(answer) = response(input.responses, ID) else { return live };
+    // Quicker polls while forming and while a roll is under way (each step waits on health).
+    let rolling = !roll::outdated(ctx, input).is_empty()
+        || input.status.and_then(|s| s.get("roll")).is_some_and(|r| r.get("pod").is_some());
+    let every = if formed.is_some() && !rolling { POLL_MS } else { FORMING_POLL_MS };
+    let ask = |id: &str, mode: RequestMode, method: &str, path: &str, body: Option<String>| {
+        request(ctx, input, port, id, mode, method, path, body)
+    };
+    let poll = |id: &str, path: &str, every: u64| {
+        Action::Http(ask(id, RequestMode::EveryMs(every), "GET", path, None))
+    };
+    live.actions.push(poll(HEALTH_ID, "/_cluster/health", every));
+    live.actions.push(poll(NODES_ID, "/_nodes?filter_path=nodes.*.name,nodes.*.roles", POLL_MS));
+    live.requeue_after_ms = Some(every);
+    if formed.is_some() {
+        drain::drain(ctx, input, &mut live, &ask);
+        let seen = response(input.responses, HEALTH_ID).filter(|a| a.succeeded()).and_then(|a| {
+            let v: Value = serde_json::from_str(&a.stdout).ok()?;
+            Some(roll::Seen {
+                status: v["status"].as_str()?.to_string(),
+                nodes: v["number_of_nodes"].as_u64()?,
+                at_ms: a.started_at_ms,
+            })
+        });
+        let nodes = node_sets(ctx.cluster).iter().map(|s| s.count.max(0) as u64).sum();
+        let quiet = drain::leaving(ctx, input).is_empty();
+        roll::roll(ctx, input, &mut live, &ask, seen.as_ref(), nodes, quiet);
+    }
+    if let Some(nodes) = response(input.responses, NODES_ID).filter(|a| a.succeeded()) {
+        if let Ok(v) = serde_json::from_str::<Value>(&nodes.stdout) {
+            live.status.insert("nodes".into(), Value::Array(node_roles(&v)));
+        }
+    }
+    let Some(answer) = response(input.responses, HEALTH_ID) else {
+        // Asked, no answer yet (a new leader): the last health read and its check's streaks
+        // stay, over the base status's "unknown", until the answer (the SDK holds the
+        // ServiceHealthy verdict).
+        for key in ["clusterHealth", "health"] {
+            if let Some(last) = input.status.and_then(|s| s.get(key)) {
+                live.status.insert(key.into(), last.clone());
+            }
+        }
+        return live;
+    };
     let health: Option<Value> =
         serde_json::from_str(&answer.stdout).ok().filter(|_: &Value| answer.succeeded());
     let mut readings = Vec::new();
@@ -65,6 +160,24 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                     "unassignedShards": unassigned,
                 }),
             );
+            // A health answer comes from an elected master: the cluster has formed, and the
+            // bootstrap list is emptied on this same pass.
+            if formed.is_none() {
+                live.status.insert(
+                    "formation".into(),
+                    json!({ "formedAt": answer.started_at_ms, "masters": node::master_pods(ctx) }),
+                );
+                live.before_pods.clear();
+                for child in node::shared_children(ctx, true) {
+                    live.before_pods.push(Action::Apply(child.to_string()));
+                }
+                live.events.push(stateward_sdk::Event {
+                    type_: stateward_sdk::EventType::Normal,
+                    reason: "ClusterFormed".into(),
+                    message: "the cluster elected a master: new nodes are no longer given the bootstrap list"
+                        .into(),
+                });
+            }
         }
         None => {
             let why = answer.error.clone().unwrap_or_else(|| format!("HTTP {:?}", answer.code));
@@ -73,15 +186,32 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     }
     let mut checks = Health::default();
     checks.check(input.status.and_then(|s| s.get("health")), HEALTH, &readings);
-    live.events = checks.events(input.health_reason());
+    live.events.extend(checks.events(input.health_reason()));
     live.conditions.push(checks.condition());
     live.status.insert("health".into(), Value::Object(checks.streaks));
     live
 }
 
+/// `{name, roles}` of each node from a `GET /_nodes` answer, by name.
+fn node_roles(answer: &Value) -> Vec<Value> {
+    let mut out: Vec<Value> = answer
+        .get("nodes")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(Map::values)
+        .filter_map(|n| {
+            let name = n.get("name")?.as_str()?;
+            let roles: Vec<&str> = n.get("roles")?.as_array()?.iter().filter_map(Value::as_str).collect();
+            Some(json!({ "name": name, "roles": roles }))
+        })
+        .collect();
+    out.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    out
+}
+
 /// The status fields above, for the CRD schema.
-pub fn schema() -> serde_json::Map<String, Value> {
-    let mut m = serde_json::Map::new();
+pub fn schema() -> Map<String, Value> {
+    let mut m = Map::new();
     m.insert(
         "clusterHealth".into(),
         json!({
@@ -96,6 +226,33 @@ pub fn schema() -> serde_json::Map<String, Value> {
             },
         }),
     );
+    m.insert(
+        "formation".into(),
+        json!({
+            "type": "object",
+            "description": "When the cluster first answered (its master elected), and the nodes that bootstrapped it. From then on no node is given the initial-master setting.",
+            "properties": {
+                "formedAt": { "type": "integer", "format": "int64" },
+                "masters": { "type": "array", "items": { "type": "string" } },
+            },
+        }),
+    );
+    m.insert(
+        "nodes".into(),
+        json!({
+            "type": "array",
+            "description": "Each node's roles as GET /_nodes reports them.",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": { "type": "string" },
+                    "roles": { "type": "array", "items": { "type": "string" } },
+                },
+            },
+        }),
+    );
+    m.insert("drain".into(), drain::schema());
+    m.insert("roll".into(), roll::schema());
     m.insert("health".into(), stateward_sdk::live::health_schema());
     m
 }

@@ -61,6 +61,8 @@ pub struct Stats {
     pub timeline: u32,
     /// The standby's WAL receiver is streaming.
     pub streaming: bool,
+    /// `default_transaction_read_only` is on: what fencing sets (see `live::fence_writes`).
+    pub read_only: bool,
     /// The standbys connected to a primary.
     pub standbys: Vec<Standby>,
 }
@@ -473,6 +475,7 @@ pub fn decide(
                             replayed: 0,
                             timeline: 0,
                             streaming: false,
+                            read_only: false,
                             standbys: Vec::new(),
                         });
                         if switching(&st) {

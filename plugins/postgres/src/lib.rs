@@ -24,7 +24,7 @@ use stateward_sdk::builders::statefulset::{
 use stateward_sdk::builders::{Ctx, CONFIG_DIR};
 use stateward_sdk::driver::{Blueprint, ClientService, Members};
 use stateward_sdk::params::ParamRule;
-use stateward_sdk::spec::{version_numbers, Cluster};
+use stateward_sdk::spec::{version_numbers, Cluster, ClusterSpec};
 use stateward_sdk::status::Derived;
 use stateward_sdk::{FieldError, SecretRequest};
 
@@ -51,8 +51,8 @@ impl Blueprint for Postgres {
     const PARAMETERS: &'static [ParamRule] = config::PARAMETERS;
     const FORBIDDEN: &'static [&'static str] = config::FORBIDDEN;
 
-    fn default_image(version: &str) -> String {
-        format!("postgres:{version}")
+    fn default_image(spec: &ClusterSpec) -> String {
+        format!("postgres:{}", spec.version)
     }
 
     fn config(ctx: &Ctx) -> String {

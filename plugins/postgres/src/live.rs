@@ -10,7 +10,9 @@
 use serde_json::{json, Value};
 use stateward_sdk::builders::Ctx;
 use stateward_sdk::json::fnv1a;
-use stateward_sdk::live::{failure, poll_exec, response, Live, LiveInput, PodView, Reading, Threshold};
+use stateward_sdk::live::{
+    failure, poll_exec, response, Live, LiveInput, PodView, Reading, Threshold, NO_ANSWER_YET,
+};
 use stateward_sdk::{Action, ExecRequest, ObjectRef, PodLabels, RequestMode, Response};
 
 use crate::bootstrap::slot_name;
@@ -48,7 +50,8 @@ pub const STATS_SQL: &str = "select pg_is_in_recovery(), \
      case when pg_is_in_recovery() then '' else coalesce((select string_agg(application_name || ':' || \
        coalesce(state, '') || ':' || coalesce(sync_state, '') || ':' || \
        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint, -1), ',' order by application_name) \
-       from pg_stat_replication), '') end";
+       from pg_stat_replication), '') end, \
+     current_setting('default_transaction_read_only')";
 
 /// On a primary (nothing on a standby): a physical slot for each of `standbys`, and none left
 /// of ours that names no standby (a slot nobody uses keeps WAL forever).
@@ -119,6 +122,8 @@ fn parse_line(line: &str) -> Option<Stats> {
         replayed: if f[4].is_empty() { 0 } else { parse_lsn(f[4])? },
         timeline: f[5].trim().parse().ok()?,
         streaming: f[6].trim() == "streaming",
+        // (Absent from an answer to an earlier build's poll.)
+        read_only: f.get(8).is_some_and(|v| v.trim() == "on"),
         standbys,
     })
 }
@@ -310,6 +315,7 @@ pub fn live(ctx: &Ctx, input: &LiveInput) -> Live {
             )),
         }
     }
+    live.actions.extend(fence_writes(ctx, input));
     // The roll's next pod: deleted, the StatefulSet makes it again from its current revision.
     if let Some(pod) = &d.replace {
         live.actions.push(Action::Delete(ObjectRef {
@@ -361,6 +367,37 @@ pub fn live(ctx: &Ctx, input: &LiveInput) -> Live {
     live
 }
 
+/// Fencing stops a server from taking writes: `default_transaction_read_only` on (through
+/// `ALTER SYSTEM`, so a restart keeps it) and its client sessions ended; a server not fenced
+/// that answers read-only gets the setting back (`ALTER SYSTEM RESET`), which also covers a
+/// standby cloned from a fenced primary. Nothing in the spec may set it (not a parameter).
+/// Each request is asked once per answer that shows the difference, so a failed one is asked
+/// again after the next poll.
+fn fence_writes(ctx: &Ctx, input: &LiveInput) -> Vec<Action> {
+    const STOP: [&str; 3] = [
+        "ALTER SYSTEM SET default_transaction_read_only = on",
+        "SELECT pg_reload_conf()",
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+    ];
+    const RESUME: [&str; 2] = ["ALTER SYSTEM RESET default_transaction_read_only", "SELECT pg_reload_conf()"];
+    let mut actions = Vec::new();
+    for pod in input.pods.iter().filter(|p| p.can_exec("postgres") && !p.deleting) {
+        let Some(r) = response(input.responses, &request_id(pod)) else { continue };
+        let Some(s) = parse(&r.stdout).filter(|_| r.succeeded()) else { continue };
+        let fenced = ctx.cluster.fenced.contains(&pod.name);
+        let (verb, commands): (&str, &[&str]) = match (fenced, s.read_only) {
+            (true, false) => ("fence", &STOP),
+            (false, true) => ("unfence", &RESUME),
+            _ => continue,
+        };
+        let id =
+            format!("{verb}-{}-{}-r{}-{}", pod.name, ha::short_uid(&pod.uid), pod.restarts, r.started_at_ms);
+        actions.push(once(&id, &pod.name, psql(commands), TIMEOUT_MS));
+    }
+    actions
+}
+
 fn exec_of(action: Action) -> ExecRequest {
     match action {
         Action::Exec(e) => e,
@@ -405,7 +442,7 @@ fn instance(m: &Member, members: &[Member]) -> Value {
         }
         Some(Err(e)) => json!({ "pod": m.pod, "error": e }),
         None if !m.running => json!({ "pod": m.pod, "error": "its postgres container is not running" }),
-        None => json!({ "pod": m.pod, "error": "no answer yet" }),
+        None => json!({ "pod": m.pod, "error": NO_ANSWER_YET }),
     }
 }
 

@@ -455,3 +455,54 @@ fn dump_config_files() {
         std::fs::write(std::path::Path::new(&dir).join(name), text.as_str().unwrap()).unwrap();
     }
 }
+
+/// Fencing stops a server taking writes: read-only by default and its client sessions ended,
+/// asked once per poll answer that still shows it writable; a server not fenced that answers
+/// read-only gets the setting back; the ids name the answer, so a request that failed is asked
+/// again after the next one.
+#[test]
+fn a_fenced_server_is_made_read_only_and_an_unfenced_one_writable_again() {
+    let mut cr = tk::cr("PostgresCluster", "pg", spec());
+    let writes = |p: &stateward_sdk::Plan| -> Vec<(String, String)> {
+        p.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Exec(e) if e.id.starts_with("fence-") || e.id.starts_with("unfence-") => {
+                    Some((e.id.clone(), e.command.join(" ")))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let read_only = |stdout: &str| format!("{}|on", stdout.trim_end());
+    let at = |mut r: stateward_sdk::Response, ms: u64| {
+        r.started_at_ms = ms;
+        r
+    };
+    let answers = |primary: &str, standby: &str, ms: u64| {
+        vec![at(answered(&stats_id("pg-0"), primary), ms), at(answered(&stats_id("pg-1"), standby), ms)]
+    };
+    // Not fenced, writable (and an answer of an earlier build, without the field): nothing.
+    assert_eq!(writes(&live_plan(&cr, &["pg-0", "pg-1"], answers(PRIMARY, STANDBY, 5))), []);
+    cr["metadata"]["annotations"] = json!({ "stateward.dev/fenced-instances": "[\"pg-0\"]" });
+    let p = live_plan(&cr, &["pg-0", "pg-1"], answers(&format!("{}|off", PRIMARY.trim_end()), STANDBY, 5));
+    let w = writes(&p);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].0.starts_with("fence-pg-0-") && w[0].0.ends_with("-5"), "{w:?}");
+    assert!(
+        w[0].1.contains("default_transaction_read_only = on") && w[0].1.contains("pg_terminate_backend"),
+        "{w:?}"
+    );
+    // Read-only now: nothing more.
+    assert_eq!(writes(&live_plan(&cr, &["pg-0", "pg-1"], answers(&read_only(PRIMARY), STANDBY, 7))), []);
+    // Unfenced: the setting goes back, on whichever server still has it.
+    cr["metadata"]["annotations"] = json!({});
+    let p = live_plan(&cr, &["pg-0", "pg-1"], answers(&read_only(PRIMARY), &read_only(STANDBY), 9));
+    let w = writes(&p);
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(
+        w.iter()
+            .all(|(id, c)| id.starts_with("unfence-") && c.contains("RESET default_transaction_read_only")),
+        "{w:?}"
+    );
+}

@@ -27,6 +27,14 @@ use stateward_sdk::{Condition, ConditionStatus, Event, EventType};
 pub const SLOTS: u32 = 16_384;
 /// `cluster-node-timeout`: how long a master may not answer before its replica takes over.
 pub const NODE_TIMEOUT_MS: u64 = 5_000;
+/// `--cluster-timeout` of the slot moves (`rebalance`, `fix`): how long a source server's
+/// `MIGRATE` may wait on one connect, write or read (redis-cli's default is 60 s). The server
+/// answers nobody meanwhile, so it must stay well below [`NODE_TIMEOUT_MS`]: a stall is then a
+/// quick `IOERR` (the slot stays open, and the next step fixes it) instead of the other masters
+/// voting the source out and its replica taking over in the middle of the move. A key whose
+/// `RESTORE` takes longer than this on the target cannot move.
+pub const MIGRATE_TIMEOUT_MS: u64 = 3_000;
+const _: () = assert!(MIGRATE_TIMEOUT_MS < NODE_TIMEOUT_MS);
 /// At most this many `CLUSTER MEET` in one plan.
 pub const MAX_MEETS: usize = 4;
 /// The type of the condition saying whether the cluster serves every slot.
@@ -62,6 +70,9 @@ pub struct View {
     pub slots_ok: u32,
     pub known_nodes: u32,
     pub nodes: Vec<Node>,
+    /// `min-replicas-to-write` is set (`INFO replication` says `min_slaves_good_slaves`): what
+    /// fencing sets.
+    pub writes_held: bool,
 }
 
 impl View {
@@ -93,6 +104,10 @@ pub fn parse(out: &str) -> Option<View> {
     let mut v = View::default();
     let mut info = false;
     for line in out.lines().map(|l| l.trim_end_matches('\r')) {
+        if line.starts_with("min_slaves_good_slaves:") {
+            v.writes_held = true;
+            continue;
+        }
         if let Some((k, val)) = line.split_once(':').filter(|(k, _)| k.starts_with("cluster_")) {
             info = true;
             let n = || val.trim().parse().unwrap_or(0);
@@ -143,6 +158,24 @@ impl Member {
     fn view(&self) -> Option<&View> {
         self.answer.as_ref().and_then(|a| a.as_ref().ok())
     }
+}
+
+/// The address `redis-cli --cluster` (rebalance, fix, del-node) is given for the server of
+/// `pod`, as `ip:port` (an IPv6 address without brackets: redis-cli splits at the last ':');
+/// None when no address is known. Never 127.0.0.1: redis-cli keeps the entry node at the
+/// address it was given and hands that address to the other servers as the `MIGRATE` target,
+/// so a source server told 127.0.0.1 migrates to itself and blocks until the timeout.
+///
+/// The pod's IP first: the scale steps run only once every server lists every pod that stays
+/// at its pod's IP (no meeting pending, see [`scale`]), so that is the address the sources
+/// reach. A server's own line in `CLUSTER NODES` is the fallback only: a server learns its own
+/// address from an incoming `MEET`, so after its pod came back on another IP its own line can
+/// name the old one for a while.
+pub fn entry(members: &[Member], pod: &str, port: &str) -> Option<String> {
+    let m = members.iter().find(|m| m.pod == pod)?;
+    let own = m.view().and_then(View::myself).map(|n| n.ip.as_str());
+    let ip = Some(m.ip.as_str()).filter(|ip| !ip.is_empty()).or(own).filter(|ip| !ip.is_empty())?;
+    Some(format!("{ip}:{port}"))
 }
 
 /// One shard: a master serving slots and the pods following it.

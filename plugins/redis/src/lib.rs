@@ -27,7 +27,7 @@ use stateward_sdk::builders::statefulset::{
 use stateward_sdk::builders::{Ctx, CONFIG_DIR};
 use stateward_sdk::driver::{Blueprint, ClientService, Members};
 use stateward_sdk::params::ParamRule;
-use stateward_sdk::spec::Cluster;
+use stateward_sdk::spec::{Cluster, ClusterSpec};
 use stateward_sdk::status::Derived;
 use stateward_sdk::FieldError;
 
@@ -55,8 +55,8 @@ impl Blueprint for Redis {
     const PARAMETERS: &'static [ParamRule] = config::PARAMETERS;
     const FORBIDDEN: &'static [&'static str] = config::FORBIDDEN;
 
-    fn default_image(version: &str) -> String {
-        format!("redis:{version}")
+    fn default_image(spec: &ClusterSpec) -> String {
+        format!("redis:{}", spec.version)
     }
 
     fn config(ctx: &Ctx) -> String {

@@ -8,7 +8,9 @@
 
 use serde_json::{json, Value};
 use stateward_sdk::builders::Ctx;
-use stateward_sdk::live::{failure, poll_exec, response, Live, LiveInput, PodView, Reading, Threshold};
+use stateward_sdk::live::{
+    failure, poll_exec, response, Live, LiveInput, PodView, Reading, Threshold, NO_ANSWER_YET,
+};
 use stateward_sdk::{Action, Event, EventType, ExecRequest, PodLabels, RequestMode};
 
 use crate::roles::{self, Info, Member, SentinelView};
@@ -43,6 +45,7 @@ pub fn parse(info: &str) -> Option<Info> {
         connected_replicas: number("connected_slaves").unwrap_or(0),
         used_memory: number("used_memory")?,
         maxmemory: number("maxmemory").unwrap_or(0),
+        writes_held: field("min_slaves_good_slaves").is_some(),
         role,
     })
 }
@@ -155,6 +158,11 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     }
     let previous = input.status.and_then(|s| s.get("master")).and_then(Value::as_str);
     let d = roles::decide(&members, previous);
+    let held: Vec<Option<bool>> = members
+        .iter()
+        .map(|m| m.server.as_ref().and_then(|s| s.as_ref().ok()).map(|i| i.writes_held))
+        .collect();
+    live.actions.extend(fence_writes(ctx, input, &held, "info", port.as_str()));
 
     for (pod, role) in &d.roles {
         live.actions.push(Action::LabelPod(PodLabels {
@@ -341,7 +349,6 @@ fn ask_sentinel(id: String, pod: &str, args: &[&str]) -> Action {
 const CREATE_TIMEOUT_MS: u32 = 60_000;
 /// How long moving slots may take (`--cluster rebalance` migrates their keys, a batch at a time).
 const REBALANCE_TIMEOUT_MS: u32 = 300_000;
-
 /// Cluster mode (see [`cluster`]): every pod's `CLUSTER INFO` and `CLUSTER NODES`, the cluster
 /// formed once, addresses repaired, role labels and status.
 fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
@@ -377,8 +384,9 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                 pod: pod.name.clone(),
                 container: "redis".into(),
                 command: cli(&[]),
-                // Two commands on one connection: read from stdin, one a line.
-                stdin: Some("CLUSTER INFO\nCLUSTER NODES\n".into()),
+                // Three commands on one connection: read from stdin, one a line (the last
+                // tells whether writes are held back, see `fence_writes`).
+                stdin: Some("CLUSTER INFO\nCLUSTER NODES\nINFO replication\n".into()),
                 timeout_ms: TIMEOUT_MS,
             }));
         }
@@ -394,6 +402,11 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
             answer: answer_of(input.responses, &id, cluster::parse),
         });
     }
+    let held: Vec<Option<bool>> = members
+        .iter()
+        .map(|m| m.answer.as_ref().and_then(|a| a.as_ref().ok()).map(|v| v.writes_held))
+        .collect();
+    live.actions.extend(fence_writes(ctx, input, &held, "cluster", &port));
     let recorded = input.status.and_then(|s| s.get("cluster"));
     let text =
         |k: &str| recorded.and_then(|c| c.get(k)).and_then(Value::as_str).unwrap_or_default().to_string();
@@ -478,10 +491,16 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     let last = recorded.and_then(|c| c.get("scalingRequest")).and_then(Value::as_str).unwrap_or_default();
     let since = count("scalingSinceMs");
     let recent = input.now_ms < since + u64::from(REBALANCE_TIMEOUT_MS) + 60_000;
-    let running =
-        (!last.is_empty() && recent && response(input.responses, last).is_none()).then(|| last.to_string());
+    // The host records a one-shot request in status.requests before it sends it: one it could
+    // not record (its status write conflicted) was never sent, and is asked for again.
+    let sent = input.status.and_then(|st| st.get("requests")).and_then(|r| r.get(last)).is_some();
+    let running = (!last.is_empty() && recent && sent && response(input.responses, last).is_none())
+        .then(|| last.to_string());
     let step = if running.is_some() { None } else { shape.step.as_ref() };
     let mut requested = running.clone();
+    // The entry node of `redis-cli --cluster` is the pod's own address, never 127.0.0.1 (see
+    // `cluster::entry`); no request while none is known.
+    let migrate_timeout = cluster::MIGRATE_TIMEOUT_MS.to_string();
     let scaling = step.map(|step| {
         let pod_of = |name: &str| input.pods.iter().find(|p| p.name == name);
         let (id, pod, command, timeout, message) = match step {
@@ -509,15 +528,16 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                 if response(input.responses, &format!("cluster-rebalance-{rebalances}")).is_some() {
                     rebalances += 1;
                 }
-                let entry = format!("127.0.0.1:{port}");
-                let mut args = vec!["--cluster", "rebalance", entry.as_str(), "--cluster-use-empty-masters"];
+                let entry = cluster::entry(&members, pod, &port);
+                let mut args = vec!["--cluster", "rebalance", entry.as_deref().unwrap_or_default()];
+                args.extend(["--cluster-use-empty-masters", "--cluster-timeout", &migrate_timeout]);
                 let weights: Vec<String> = drain.iter().map(|id| format!("{id}=0")).collect();
                 if !weights.is_empty() {
                     args.push("--cluster-weight");
                     args.extend(weights.iter().map(String::as_str));
                 }
                 (
-                    Some(format!("cluster-rebalance-{rebalances}")),
+                    entry.is_some().then(|| format!("cluster-rebalance-{rebalances}")),
                     pod.clone(),
                     cli(&args),
                     REBALANCE_TIMEOUT_MS,
@@ -536,21 +556,23 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                 if response(input.responses, &format!("cluster-fix-{fixes}")).is_some() {
                     fixes += 1;
                 }
-                let entry = format!("127.0.0.1:{port}");
+                let entry = cluster::entry(&members, pod, &port);
+                let at = entry.as_deref().unwrap_or_default();
                 (
-                    Some(format!("cluster-fix-{fixes}")),
+                    entry.is_some().then(|| format!("cluster-fix-{fixes}")),
                     pod.clone(),
-                    cli(&["--cluster", "fix", &entry, "--cluster-yes"]),
+                    cli(&["--cluster", "fix", at, "--cluster-timeout", &migrate_timeout, "--cluster-yes"]),
                     REBALANCE_TIMEOUT_MS,
                     format!("a migration stopped midway on {pod} is finished (--cluster fix)"),
                 )
             }
             cluster::ScaleStep::Forget { pod, gone, node } => {
-                let entry = format!("127.0.0.1:{port}");
+                let entry = cluster::entry(&members, pod, &port);
+                let at = entry.as_deref().unwrap_or_default();
                 (
-                    Some(format!("cluster-forget-{}", node.get(..12).unwrap_or(node))),
+                    entry.is_some().then(|| format!("cluster-forget-{}", node.get(..12).unwrap_or(node))),
                     pod.clone(),
-                    cli(&["--cluster", "del-node", &entry, node]),
+                    cli(&["--cluster", "del-node", at, node]),
                     TIMEOUT_MS * 6,
                     format!("every node forgets {gone}, which holds nothing now (--cluster del-node)"),
                 )
@@ -649,7 +671,7 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                         "serverRole": if me.master { "master" } else { "slave" } })
             }
             Some(Err(e)) => json!({ "pod": m.pod, "error": e }),
-            None => json!({ "pod": m.pod, "error": "no answer yet" }),
+            None => json!({ "pod": m.pod, "error": NO_ANSWER_YET }),
         })
         .collect();
     live.conditions.push(d.condition.clone());
@@ -662,6 +684,48 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         live.requeue_after_ms = Some(live.requeue_after_ms.map_or(w, |r| r.min(w)));
     }
     live
+}
+
+/// More replicas than any cluster has: a fenced server with `min-replicas-to-write` at this
+/// refuses every write (`NOREPLICAS`).
+const FENCED_MIN_REPLICAS: &str = "1000";
+
+/// Fencing stops a server from taking writes: `min-replicas-to-write` beyond any count of
+/// replicas (writes are refused, reads still answered, replication goes on) and its clients
+/// disconnected; a server not fenced that holds writes back gets 0 again. Not kept across a
+/// restart (`CONFIG SET`): the next incarnation's answer asks again. Asked once per answer
+/// that shows the difference, so a failed request is asked again after the next poll.
+/// `held` is what each pod's last answer to the poll `poll` said (None: no answer).
+fn fence_writes(ctx: &Ctx, input: &LiveInput, held: &[Option<bool>], poll: &str, port: &str) -> Vec<Action> {
+    let mut actions = Vec::new();
+    for (pod, held) in input.pods.iter().zip(held) {
+        let Some(held) = *held else { continue };
+        if pod.deleting {
+            continue;
+        }
+        let fenced = ctx.cluster.fenced.contains(&pod.name);
+        let (verb, script) = match (fenced, held) {
+            (true, false) => (
+                "fence",
+                format!("CONFIG SET min-replicas-to-write {FENCED_MIN_REPLICAS}\nCLIENT KILL TYPE normal\n"),
+            ),
+            (false, true) => ("unfence", "CONFIG SET min-replicas-to-write 0\n".to_string()),
+            _ => continue,
+        };
+        let answered = response(input.responses, &request_id(poll, pod)).map_or(0, |r| r.started_at_ms);
+        actions.push(Action::Exec(ExecRequest {
+            id: format!("{}-{answered}", request_id(verb, pod)),
+            mode: RequestMode::Once,
+            pod: pod.name.clone(),
+            container: "redis".into(),
+            command: ["redis-cli", "-h", "127.0.0.1", "--no-auth-warning", "-p", port]
+                .map(String::from)
+                .to_vec(),
+            stdin: Some(script),
+            timeout_ms: TIMEOUT_MS,
+        }));
+    }
+    actions
 }
 
 /// How long a quorum of Sentinels may see the master objectively down with none of them
@@ -767,7 +831,7 @@ fn instance(m: &Member, role: Option<&str>, lag: Option<u64>) -> Value {
             v
         }
         Some(Err(e)) => json!({ "pod": m.pod, "error": e }),
-        None => json!({ "pod": m.pod, "error": "no answer yet" }),
+        None => json!({ "pod": m.pod, "error": NO_ANSWER_YET }),
     }
 }
 
@@ -781,7 +845,7 @@ fn sentinel_status(m: &Member) -> Value {
             "quorum": s.quorum,
         }),
         Some(Err(e)) => json!({ "pod": m.pod, "error": e }),
-        None => json!({ "pod": m.pod, "error": "no answer yet" }),
+        None => json!({ "pod": m.pod, "error": NO_ANSWER_YET }),
     }
 }
 

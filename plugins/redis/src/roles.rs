@@ -27,6 +27,9 @@ pub struct Info {
     pub used_memory: u64,
     /// 0: no limit.
     pub maxmemory: u64,
+    /// `min-replicas-to-write` is set (INFO says `min_slaves_good_slaves` only then): what
+    /// fencing sets, as no spec may (see `live::fence_writes`).
+    pub writes_held: bool,
 }
 
 /// What one Sentinel says of the master.

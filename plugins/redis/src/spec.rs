@@ -287,16 +287,15 @@ pub fn validate_update(
             format!("is fixed at creation ({o}); it cannot become {n} (migrate to a new resource)"),
         )];
     }
-    // The shape stays as created: adding or removing shards (moving slots) is written (see
-    // `cluster::scale`) but not yet reliable live, where a MIGRATE stalled its source server.
+    // Shards may be added or removed: `cluster::scale` moves an even share of the slots (and
+    // their keys) to new masters, or off the masters that go before their pods are removed.
+    // Each shard's replicas stay as created: `cluster::scale` acts on a change of masters, not
+    // on more or fewer replicas per master.
     let (new_shape, old_shape) = (cluster_shape(new_spec), cluster_shape(old_spec));
-    if n == CLUSTER && new_shape != old_shape {
+    if n == CLUSTER && new_shape.1 != old_shape.1 {
         return vec![FieldError::new(
-            "spec.cluster",
-            format!(
-                "is fixed at creation ({} shards × {} replicas): scaling a Redis Cluster (moving slots) is not supported yet",
-                old_shape.0, old_shape.1
-            ),
+            "spec.cluster.replicasPerShard",
+            format!("is fixed at creation ({}); change spec.cluster.shards to scale", old_shape.1),
         )];
     }
     Vec::new()

@@ -6,11 +6,14 @@ use serde_json::{json, Map, Value};
 use crate::builders::objects::{self, Port};
 use crate::builders::statefulset::{self, ContainerSpec};
 use crate::builders::volumes;
-use crate::builders::{Ctx, DATA_VOLUME, INSTANCE_LABEL};
+use crate::builders::{Ctx, MemberSet, DATA_VOLUME, INSTANCE_LABEL};
 use crate::json::{fnv1a, str_at, to_text};
 use crate::params::{check_parameters, ParamRule};
 use crate::spec::{parse_cluster, parse_object, parse_quantity, version_numbers, Cluster, Retention};
-use crate::status::{derive, find_child, invalid_spec, paused, phase_event, was_paused, Derived};
+use crate::status::{
+    combine, cond, condition_status, derive, find_child, invalid_spec, kept_fields, paused, phase_event,
+    was_paused, Derived, HIBERNATED_CONDITION,
+};
 use crate::types::*;
 use crate::{schema, Service};
 
@@ -71,6 +74,9 @@ pub trait Blueprint {
     const PORTS: &'static [Port];
     /// Credential keys and their random byte counts.
     const SECRET_KEYS: &'static [(&'static str, u32)];
+    /// Credential keys the host fills from a template (see `SecretRequest::derived`), e.g. a
+    /// fixed user name requests authenticate with.
+    const SECRET_DERIVED: &'static [(&'static str, &'static str)] = &[];
     /// Allowed `spec.parameters`.
     const PARAMETERS: &'static [ParamRule];
     /// Parameters the operator manages itself (refused with a clear message).
@@ -80,8 +86,9 @@ pub trait Blueprint {
     /// `stateward.dev/switchover-to` annotation is then refused with this reason.
     const NO_PRIMARY: Option<&'static str> = None;
 
-    /// The image for `spec.version` when `spec.image` is not set.
-    fn default_image(version: &str) -> String;
+    /// The image for the spec (its version, and whatever else picks the image) when
+    /// `spec.image` is not set.
+    fn default_image(spec: &crate::spec::ClusterSpec) -> String;
     /// The generated server configuration.
     fn config(ctx: &Ctx) -> String;
     /// Further files of the ConfigMap beside [`Blueprint::CONFIG_FILE`] (e.g. a start script),
@@ -91,6 +98,15 @@ pub trait Blueprint {
     }
     /// The container: command, env, probes, identity, defaults.
     fn container(ctx: &Ctx, image: String) -> ContainerSpec;
+    /// The StatefulSets of the cluster's members, in apply order: by default one, named as
+    /// the CR and sized by the common spec.
+    fn member_sets(ctx: &Ctx) -> Vec<MemberSet> {
+        vec![MemberSet::whole(ctx.cluster)]
+    }
+    /// The container of one member set: [`Blueprint::container`] unless the sets differ.
+    fn set_container(ctx: &Ctx, _set: &MemberSet, image: String) -> ContainerSpec {
+        Self::container(ctx, image)
+    }
     /// Client Services.
     fn client_services() -> Vec<ClientService>;
     /// Service-specific `.status` fields (e.g. currentPrimary).
@@ -196,6 +212,14 @@ fn parse_value<B: Blueprint>(obj: &Value) -> Result<Cluster, Vec<FieldError>> {
     match parse_cluster(obj) {
         Ok(cluster) => {
             errs.extend(B::validate_spec(obj.get("spec").unwrap_or(&Value::Null), &cluster));
+            if !cluster.fenced.is_empty() && errs.is_empty() {
+                let c = ctx::<B>(&cluster);
+                let members: Vec<String> = B::member_sets(&c)
+                    .iter()
+                    .flat_map(|set| (0..set.replicas).map(|i| set.pod(&c, i)).collect::<Vec<_>>())
+                    .collect();
+                errs.extend(crate::fence::check_members(&cluster.fenced, &members));
+            }
             if errs.is_empty() {
                 Ok(cluster)
             } else {
@@ -285,18 +309,22 @@ fn parse_children(children: &[String], wanted: &[&str]) -> Result<Vec<Value>, St
 }
 
 /// The desired children of a cluster, in apply order (config before the pods that mount it).
-/// `claim_size`: the data claim template size of the existing StatefulSet, if there is one.
-pub fn desired<B: Blueprint>(ctx: &Ctx, claim_size: Option<&str>) -> (Vec<Action>, String) {
+/// `sets`: its member sets (see [`Blueprint::member_sets`]); `claim_size`: the data claim
+/// template size of a set's existing StatefulSet, by the StatefulSet's name.
+pub fn desired<B: Blueprint>(
+    ctx: &Ctx,
+    sets: &[MemberSet],
+    claim_size: impl Fn(&str) -> Option<String>,
+) -> (Vec<Action>, String) {
     let mut files = vec![(B::CONFIG_FILE, B::config(ctx))];
     files.extend(B::extra_files(ctx));
-    let image = ctx.cluster.spec.image.clone().unwrap_or_else(|| B::default_image(&ctx.cluster.spec.version));
-    let container = B::container(ctx, image.clone());
+    let image = ctx.cluster.spec.image.clone().unwrap_or_else(|| B::default_image(&ctx.cluster.spec));
     // With one file this is the hash earlier versions computed, so their pods do not roll.
     let hashed: Vec<String> = files.iter().map(|(name, text)| format!("{name}\n{text}")).collect();
     let hash = fnv1a(hashed.join("\n").as_bytes());
     let files: Vec<(&str, &str)> = files.iter().map(|(name, text)| (*name, text.as_str())).collect();
     let mut actions = vec![
-        Action::EnsureSecret(objects::credentials(ctx, B::SECRET_KEYS)),
+        Action::EnsureSecret(objects::credentials(ctx, B::SECRET_KEYS, B::SECRET_DERIVED)),
         Action::EnsureSecret(objects::server_certificate(ctx)),
     ];
     actions.extend(B::extra_secrets(ctx).into_iter().map(Action::EnsureSecret));
@@ -318,8 +346,11 @@ pub fn desired<B: Blueprint>(ctx: &Ctx, claim_size: Option<&str>) -> (Vec<Action
         actions.push(Action::Apply(to_text(&objects::client_service(ctx, &name, B::PORTS, &extra))));
     }
     actions.push(Action::Apply(to_text(&objects::pod_disruption_budget(ctx))));
-    let claim_size = claim_size.unwrap_or(&ctx.cluster.spec.storage.size);
-    actions.push(Action::Apply(to_text(&statefulset::stateful_set(ctx, &container, &hash, claim_size))));
+    for set in sets {
+        let container = B::set_container(ctx, set, image.clone());
+        let size = claim_size(&set.statefulset(ctx)).unwrap_or_else(|| set.storage_size.clone());
+        actions.push(Action::Apply(to_text(&statefulset::stateful_set(ctx, set, &container, &hash, &size))));
+    }
     (actions, image)
 }
 
@@ -366,41 +397,80 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
     if cluster.spec.paused && !cluster.deleting {
         return Ok(paused_plan(&obj));
     }
+    if cluster.spec.hibernate && !cluster.deleting {
+        return Ok(hibernate_plan::<B>(&cluster, &obj, &children));
+    }
     let ctx = ctx::<B>(&cluster);
-    let sts = find_child(&children, "StatefulSet", ctx.name());
-    let template = sts.and_then(volumes::template_size);
+    let sets = B::member_sets(&ctx);
+    let statefulsets: Vec<Option<&Value>> =
+        sets.iter().map(|set| find_child(&children, "StatefulSet", &set.statefulset(&ctx))).collect();
     // The running service first: what it adds before the pods goes in ahead of the StatefulSet.
-    let live = B::live(
+    let mut live = B::live(
         &ctx,
         &crate::live::LiveInput {
             pods: crate::live::pods(&children),
             services: crate::live::services(&children),
             update_revision: crate::live::update_revision(&children, ctx.name()),
+            update_revisions: sets
+                .iter()
+                .filter_map(|set| {
+                    let name = set.statefulset(&ctx);
+                    crate::live::update_revision(&children, &name).map(|r| (name, r))
+                })
+                .collect(),
             responses: &input.responses,
             status: obj.get("status"),
             resource: &obj,
             now_ms: input.now_ms,
         },
     );
-    // A member the plugin must move off first keeps the StatefulSet from shrinking yet; the
-    // status still reports the spec's count (the phase stays Scaling meanwhile).
-    let held = live.hold_replicas.filter(|h| *h > cluster.spec.replicas).map(|h| {
-        let mut c = cluster.clone();
-        c.spec.replicas = h;
-        c
+    // A poll asked with no answer yet: a new leader (the operator restarted or upgraded) that
+    // has not heard from the running service, or a pod just added. The health verdict and the
+    // per-pod entries the status observed stay until the answer; dropping them would take two
+    // writes to come back to the same status. (A plugin that stops asking, say with no pod
+    // ready, drops them as before; other status keys are the plugin's to keep or drop.)
+    let answered = |id: &str| input.responses.iter().any(|r| r.id == id);
+    let unanswered = live.actions.iter().any(|a| match a {
+        Action::Exec(r) => matches!(r.mode, RequestMode::EveryMs(_)) && !answered(&r.id),
+        Action::Http(r) => matches!(r.mode, RequestMode::EveryMs(_)) && !answered(&r.id),
+        _ => false,
     });
-    let (mut actions, image) = match &held {
-        Some(c) => desired::<B>(&self::ctx::<B>(c), template.as_deref()),
-        None => desired::<B>(&ctx, template.as_deref()),
-    };
+    if unanswered {
+        if let Some(held) = crate::live::held_health(&live.conditions, obj.get("status")) {
+            live.conditions.push(held);
+        }
+        if let Some(previous) = obj.get("status") {
+            crate::live::hold_unanswered(&mut live.status, previous);
+        }
+    }
+    // A member the plugin must move off first keeps its StatefulSet from shrinking yet; the
+    // status still reports the spec's count (the phase stays Scaling meanwhile).
+    let mut applied = sets.clone();
+    for set in &mut applied {
+        let hold =
+            if set.set.is_empty() { live.hold_replicas } else { live.hold_sets.get(&set.set).copied() };
+        if let Some(h) = hold.filter(|h| *h > set.replicas) {
+            set.replicas = h;
+        }
+    }
+    let (mut actions, image) = desired::<B>(&ctx, &applied, |name| {
+        find_child(&children, "StatefulSet", name).and_then(volumes::template_size)
+    });
     let at =
-        actions.iter().rposition(|a| matches!(a, Action::Apply(t) if t.contains("\"kind\":\"StatefulSet\"")));
+        actions.iter().position(|a| matches!(a, Action::Apply(t) if t.contains("\"kind\":\"StatefulSet\"")));
     let at = at.unwrap_or(actions.len());
     actions.splice(at..at, live.before_pods);
-    let grown = volumes::grow_claims(&ctx, &children);
-    let mut d = derive(&cluster, sts, &image);
+    // Each pod's fence label before the Services that select on it.
+    let pods = crate::live::pods(&children);
+    actions.splice(0..0, crate::fence::labels(&cluster.fenced, &pods));
+    let grown: Vec<Value> = sets.iter().flat_map(|set| volumes::grow_claims(&ctx, set, &children)).collect();
+    let combined = combine(&statefulsets);
+    let mut counted = cluster.clone();
+    counted.spec.replicas = sets.iter().map(|s| s.replicas).sum();
+    let mut d = derive(&counted, combined.as_ref(), &image);
     // A running cluster whose volumes are still growing is progressing, not converged.
-    if let (Phase::Running, Some(message)) = (d.phase, volumes::resizing(&ctx, &children)) {
+    let resizing = sets.iter().find_map(|set| volumes::resizing(&ctx, set, &children));
+    if let (Phase::Running, Some(message)) = (d.phase, resizing) {
         if let Some(c) = d.conditions.iter_mut().find(|c| c.type_ == "Progressing") {
             *c = Condition {
                 type_: "Progressing".into(),
@@ -418,11 +488,18 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
             message: "spec.paused is false: changes are applied again".into(),
         });
     }
+    if condition_status(obj.get("status"), HIBERNATED_CONDITION).is_some() {
+        events.push(Event {
+            type_: EventType::Normal,
+            reason: "Waking".into(),
+            message: "spec.hibernate is false: the pods start again on their volumes".into(),
+        });
+    }
     if !grown.is_empty() {
         events.push(Event {
             type_: EventType::Normal,
             reason: "GrowingVolumes".into(),
-            message: format!("raising {} data claim(s) to {}", grown.len(), cluster.spec.storage.size),
+            message: format!("raising {} data claim(s) to {}", grown.len(), claim_sizes(&grown)),
         });
     }
     actions.extend(grown.iter().map(|claim| Action::Apply(to_text(claim))));
@@ -436,11 +513,22 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
         status.conditions.retain(|c| !live.conditions.iter().any(|l| l.type_ == c.type_));
         status.conditions.extend(live.conditions);
     }
+    let (fenced, fence_event) = crate::fence::report(&cluster.fenced, obj.get("status"));
+    status.conditions.extend(fenced);
+    events.extend(fence_event);
     let requeue_after_ms = match (d.requeue_after_ms, live.requeue_after_ms) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
     Ok(Plan { actions, status, events, requeue_after_ms })
+}
+
+/// The sizes grown claims ask for, each once.
+fn claim_sizes(claims: &[Value]) -> String {
+    let mut sizes: Vec<&str> =
+        claims.iter().filter_map(|c| str_at(c, &["spec", "resources", "requests", "storage"])).collect();
+    sizes.dedup();
+    sizes.join(", ")
 }
 
 /// `spec.paused`: no action at all, not even a request to the running service (a request may
@@ -461,6 +549,76 @@ fn paused_plan(obj: &Value) -> Plan {
         status: StatusReport { phase, conditions, extra: to_text(&Value::Object(extra)) },
         events,
         requeue_after_ms: None,
+    }
+}
+
+/// `spec.hibernate`: every member set scaled to zero and nothing else changed (the same
+/// configuration and pod template, so waking makes the same pods again on the same claims;
+/// the Secrets and Services stay). No request goes to the service meanwhile, so none of the
+/// plugin's decisions (a failover among them) is taken about pods stopped on purpose, and the
+/// status the plugin wrote last is kept for the wake to start from.
+fn hibernate_plan<B: Blueprint>(cluster: &Cluster, obj: &Value, children: &[Value]) -> Plan {
+    use ConditionStatus::{False, True};
+    let ctx = ctx::<B>(cluster);
+    let mut sets = B::member_sets(&ctx);
+    let statefulsets: Vec<Option<&Value>> =
+        sets.iter().map(|set| find_child(children, "StatefulSet", &set.statefulset(&ctx))).collect();
+    for set in &mut sets {
+        set.replicas = 0;
+    }
+    let (actions, image) = desired::<B>(&ctx, &sets, |name| {
+        find_child(children, "StatefulSet", name).and_then(volumes::template_size)
+    });
+    let mut stopped = cluster.clone();
+    stopped.spec.replicas = 0;
+    let d = derive(&stopped, combine(&statefulsets).as_ref(), &image);
+    let running = crate::live::pods(children).len();
+    let claims = children.iter().filter(|c| str_at(c, &["kind"]) == Some("PersistentVolumeClaim")).count();
+    let (phase, hibernated) = if running > 0 {
+        (
+            Phase::Scaling,
+            cond(HIBERNATED_CONDITION, False, "Stopping", format!("{running} pod(s) still running")),
+        )
+    } else {
+        let message = format!("every pod stopped; {claims} volume claim(s) and the Secrets kept");
+        (d.phase, cond(HIBERNATED_CONDITION, True, "Hibernated", message))
+    };
+    let progressing = if running > 0 {
+        cond("Progressing", True, "Hibernating", format!("stopping {running} pod(s)"))
+    } else {
+        cond("Progressing", False, "Hibernated", "no pod runs".into())
+    };
+    let conditions = vec![
+        cond("Available", False, "Hibernated", "spec.hibernate is true: no pod runs".into()),
+        progressing,
+        cond("Degraded", False, "AsExpected", "nothing has failed".into()),
+        hibernated.clone(),
+    ];
+    let status = obj.get("status");
+    let mut events: Vec<Event> = phase_event(cluster.last_phase.as_deref(), phase).into_iter().collect();
+    let was = condition_status(status, HIBERNATED_CONDITION);
+    if was.is_none() {
+        events.push(Event {
+            type_: EventType::Normal,
+            reason: "Hibernating".into(),
+            message: "spec.hibernate is true: every pod stops; the volumes and Secrets stay".into(),
+        });
+    }
+    if hibernated.status == True && was != Some("True") {
+        events.push(Event {
+            type_: EventType::Normal,
+            reason: "Hibernated".into(),
+            message: hibernated.message,
+        });
+    }
+    let mut extra = kept_fields(status);
+    let report = report::<B>(Some(&ctx), &Derived { phase, conditions: conditions.clone(), ..d });
+    extra.extend(serde_json::from_str::<Map<String, Value>>(&report.extra).unwrap_or_default());
+    Plan {
+        actions,
+        status: StatusReport { phase, conditions, extra: to_text(&Value::Object(extra)) },
+        events,
+        requeue_after_ms: (running > 0).then_some(crate::status::REQUEUE_PROGRESSING_MS),
     }
 }
 
@@ -498,7 +656,7 @@ pub fn finalize<B: Blueprint>(input: &Observed) -> Result<Cleanup, String> {
         let child_name = str_at(child, &["metadata", "name"]).unwrap_or_default();
         let ours = str_at(child, &["metadata", "labels", INSTANCE_LABEL]) == Some(name);
         let target = match kind {
-            "StatefulSet" if child_name == name => Some("apps/v1"),
+            "StatefulSet" if child_name == name || ours => Some("apps/v1"),
             "PersistentVolumeClaim" if ours && child_name.starts_with(&claim_prefix) => Some("v1"),
             "Secret" if ours && secrets.iter().any(|s| s == child_name) => Some("v1"),
             _ => None,

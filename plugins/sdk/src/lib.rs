@@ -8,6 +8,7 @@
 pub mod builders;
 pub mod convert;
 pub mod driver;
+pub mod fence;
 pub mod json;
 pub mod live;
 pub mod params;

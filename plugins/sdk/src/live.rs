@@ -30,6 +30,8 @@ pub struct PodView {
     pub revision: String,
     /// `status.podIP` (empty before it has one).
     pub ip: String,
+    /// `metadata.labels`.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl PodView {
@@ -73,7 +75,14 @@ pub fn pods(children: &[Value]) -> Vec<PodView> {
                 .unwrap_or_default()
                 .to_string();
             let ip = str_at(p, &["status", "podIP"]).unwrap_or_default().to_string();
-            Some(PodView { name, uid, ready, running, restarts, deleting, revision, ip })
+            let labels = p
+                .pointer("/metadata/labels")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect();
+            Some(PodView { name, uid, ready, running, restarts, deleting, revision, ip, labels })
         })
         .collect();
     pods.sort_by(|a, b| a.name.cmp(&b.name));
@@ -153,6 +162,50 @@ pub fn health_schema() -> Value {
         "type": "object",
         "description": "Health checks' consecutive readings over their threshold, per subject (an instance, or the cluster).",
         "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// What an entry of a per-pod list (`status.instances`, …) says while its pod's poll has no
+/// answer yet: `{"pod": …, "error": NO_ANSWER_YET}`.
+pub const NO_ANSWER_YET: &str = "no answer yet";
+
+/// In each per-pod list of `status` (entries with a `pod`), an entry still waiting for its
+/// first answer takes the one `previous` (the stored status) held for that pod; the driver
+/// does this while a new leader has no answer at all (see `held_health`).
+pub fn hold_unanswered(status: &mut Map<String, Value>, previous: &Value) {
+    for (key, list) in status.iter_mut() {
+        let (Some(items), Some(before)) = (list.as_array_mut(), previous.get(key).and_then(Value::as_array))
+        else {
+            continue;
+        };
+        for item in items.iter_mut().filter(|i| i["error"] == NO_ANSWER_YET) {
+            if let Some(held) = before.iter().find(|b| b["pod"] == item["pod"]) {
+                *item = held.clone();
+            }
+        }
+    }
+}
+
+/// The `ServiceHealthy` condition the status holds, when the live part reported none this
+/// time; the driver asks for it while a poll has no answer yet (see `driver`). A plugin reports
+/// the condition only with an answer in hand, and a new leader (an operator restarted or
+/// upgraded) has none yet; dropping it would take two status writes, and a new transition
+/// time, to come back to the same verdict.
+pub fn held_health(reported: &[Condition], status: Option<&Value>) -> Option<Condition> {
+    if reported.iter().any(|c| c.type_ == "ServiceHealthy") {
+        return None;
+    }
+    let held = status?.get("conditions")?.as_array()?.iter().find(|c| c["type"] == "ServiceHealthy")?;
+    let status = match held["status"].as_str()? {
+        "True" => ConditionStatus::True,
+        "False" => ConditionStatus::False,
+        _ => ConditionStatus::Unknown,
+    };
+    Some(Condition {
+        type_: "ServiceHealthy".into(),
+        status,
+        reason: str_at(held, &["reason"]).unwrap_or_default().to_string(),
+        message: str_at(held, &["message"]).unwrap_or_default().to_string(),
     })
 }
 
@@ -256,6 +309,8 @@ pub struct Live {
     /// Keep the StatefulSet at this many replicas for now when `spec.replicas` is fewer: a
     /// member that must not go yet (a primary holding a high ordinal) is moved off first.
     pub hold_replicas: Option<i64>,
+    /// The same for a named member set (see `MemberSet`), by its set name.
+    pub hold_sets: std::collections::BTreeMap<String, i64>,
 }
 
 impl Live {
@@ -314,6 +369,8 @@ pub struct LiveInput<'a> {
     /// The StatefulSet's update revision (see [`update_revision`]): pods of another revision
     /// are outdated.
     pub update_revision: Option<String>,
+    /// The same for every member set's StatefulSet, by its name (services with several sets).
+    pub update_revisions: std::collections::BTreeMap<String, String>,
     pub responses: &'a [Response],
     /// The resource's current `.status` (what this plugin wrote last).
     pub status: Option<&'a Value>,
@@ -348,6 +405,24 @@ mod tests {
     use super::*;
 
     const T: Threshold = Threshold { key: "connections", reason: "ConnectionsNearLimit", times: 3 };
+
+    /// A new leader's first plan: an entry waiting for its first answer shows what the status
+    /// held for its pod; a pod the status never saw still says it waits; answers win.
+    #[test]
+    fn entries_without_an_answer_keep_what_the_status_held() {
+        let previous =
+            json!({"instances": [{"pod": "db-0", "role": "primary"}, {"pod": "db-1", "role": "replica"}]});
+        let mut status = Map::new();
+        status.insert(
+            "instances".into(),
+            json!([{"pod": "db-0", "error": NO_ANSWER_YET}, {"pod": "db-1", "role": "primary"}, {"pod": "db-2", "error": NO_ANSWER_YET}]),
+        );
+        hold_unanswered(&mut status, &previous);
+        assert_eq!(
+            status["instances"],
+            json!([{"pod": "db-0", "role": "primary"}, {"pod": "db-1", "role": "primary"}, {"pod": "db-2", "error": NO_ANSWER_YET}])
+        );
+    }
 
     fn reading(value: f64) -> Reading {
         answer(value, 0)

@@ -62,6 +62,15 @@ fn common_spec_properties() -> Map<String, Value> {
                             are still renewed.",
         }),
     );
+    p.insert(
+        "hibernate".into(),
+        json!({
+            "type": "boolean",
+            "description": "While true every pod of the cluster is stopped (its StatefulSets at zero \
+                            replicas); the volumes, Secrets and Services stay, and false starts \
+                            the same pods again on the same data. Status says Hibernated.",
+        }),
+    );
     p.insert("resources".into(), resources());
     p.insert(
         "priorityClassName".into(),

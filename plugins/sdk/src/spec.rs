@@ -71,6 +71,8 @@ pub struct ClusterSpec {
     pub deletion_protection: bool,
     /// `spec.paused`: the operator makes no change to the children until it is false again.
     pub paused: bool,
+    /// `spec.hibernate`: every pod stopped, volumes and Secrets kept, until it is false again.
+    pub hibernate: bool,
     pub parameters: BTreeMap<String, String>,
     /// The whole `spec` as given, for the plugin's own fields (`Blueprint::spec_extra_schema`,
     /// checked by `Blueprint::validate_spec` before a reconcile sees them).
@@ -87,6 +89,8 @@ pub struct Cluster {
     pub last_phase: Option<String>,
     /// The [`RESTARTED_AT_ANNOTATION`] value: a change rolls the pods in the service's order.
     pub restarted_at: Option<String>,
+    /// The pods [`crate::fence::FENCED_ANNOTATION`] fences, sorted.
+    pub fenced: Vec<String>,
     pub spec: ClusterSpec,
 }
 
@@ -182,7 +186,9 @@ pub fn parse_cluster(obj: &Value) -> Result<Cluster, Vec<FieldError>> {
     let scheduling = scheduling::parse(spec, &mut errs);
     let deletion_protection = opt_bool(spec, "deletionProtection", &mut errs);
     let paused = opt_bool(spec, "paused", &mut errs);
+    let hibernate = opt_bool(spec, "hibernate", &mut errs);
     let restarted_at = restarted_at(obj, &mut errs);
+    let fenced = crate::fence::parse(obj, &mut errs);
     let mut parameters = BTreeMap::new();
     match spec.get("parameters") {
         None => {}
@@ -207,6 +213,7 @@ pub fn parse_cluster(obj: &Value) -> Result<Cluster, Vec<FieldError>> {
         deleting: at(obj, &["metadata", "deletionTimestamp"]).is_some_and(|v| !v.is_null()),
         last_phase: str_at(obj, &["status", "phase"]).map(str::to_string),
         restarted_at,
+        fenced,
         spec: ClusterSpec {
             version,
             replicas,
@@ -217,6 +224,7 @@ pub fn parse_cluster(obj: &Value) -> Result<Cluster, Vec<FieldError>> {
             scheduling,
             deletion_protection,
             paused,
+            hibernate,
             parameters,
             raw: spec.clone(),
         },
@@ -290,16 +298,21 @@ fn parse_storage(spec: &Value, errs: &mut Vec<FieldError>) -> Storage {
 }
 
 fn parse_resources(spec: &Value, errs: &mut Vec<FieldError>) -> Resources {
+    resources_at(spec, "spec", errs)
+}
+
+/// `<path>.resources` of `parent` (e.g. a plugin's own member set), as `spec.resources` is read.
+pub fn resources_at(parent: &Value, path: &str, errs: &mut Vec<FieldError>) -> Resources {
     let mut out = Resources::default();
-    let Some(r) = spec.get("resources") else { return out };
+    let Some(r) = parent.get("resources") else { return out };
     if !r.is_object() {
-        errs.push(FieldError::new("spec.resources", "must be an object"));
+        errs.push(FieldError::new(format!("{path}.resources"), "must be an object"));
         return out;
     }
     for (key, list) in [("requests", &mut out.requests), ("limits", &mut out.limits)] {
         let Some(l) = r.get(key) else { continue };
         for (res, slot) in [("cpu", &mut list.cpu), ("memory", &mut list.memory)] {
-            let path = format!("spec.resources.{key}.{res}");
+            let path = format!("{path}.resources.{key}.{res}");
             match l.get(res) {
                 None | Some(Value::Null) => {}
                 Some(Value::String(s)) if parse_quantity(s).is_some() => *slot = Some(s.clone()),

@@ -27,7 +27,48 @@ pub fn find_child<'a>(children: &'a [Value], kind: &str, name: &str) -> Option<&
         .find(|c| str_at(c, &["kind"]) == Some(kind) && str_at(c, &["metadata", "name"]) == Some(name))
 }
 
-fn cond(type_: &str, status: ConditionStatus, reason: &str, message: String) -> Condition {
+/// The StatefulSets of a cluster's member sets read as one, for [`derive`]: counts summed, a
+/// roll or a generation not yet observed in any set is one of the whole. `None` while any set
+/// does not exist yet.
+pub fn combine(sets: &[Option<&Value>]) -> Option<Value> {
+    let sets: Vec<&Value> = sets.iter().copied().collect::<Option<_>>()?;
+    let (first, rest) = sets.split_first()?;
+    if rest.is_empty() {
+        return Some((*first).clone());
+    }
+    let sum = |path: &[&str]| sets.iter().map(|s| i64_at(s, path).unwrap_or(0)).sum::<i64>();
+    let rolling = sets.iter().any(|s| {
+        let update = str_at(s, &["status", "updateRevision"]);
+        update.is_some() && str_at(s, &["status", "currentRevision"]) != update
+    });
+    let lagging = sets.iter().any(|s| {
+        i64_at(s, &["status", "observedGeneration"]).unwrap_or(0)
+            < i64_at(s, &["metadata", "generation"]).unwrap_or(0)
+    });
+    let mut out = (*first).clone();
+    let odd = sets.iter().find(|s| image(s) != image(first)).copied().unwrap_or(first);
+    out["spec"]["template"] = odd["spec"]["template"].clone();
+    out["spec"]["replicas"] = serde_json::json!(sum(&["spec", "replicas"]));
+    out["metadata"]["generation"] = serde_json::json!(1);
+    out["status"] = serde_json::json!({
+        "replicas": sum(&["status", "replicas"]),
+        "readyReplicas": sum(&["status", "readyReplicas"]),
+        "updatedReplicas": sum(&["status", "updatedReplicas"]),
+        "observedGeneration": if lagging { 0 } else { 1 },
+        "currentRevision": "current",
+        "updateRevision": if rolling { "update" } else { "current" },
+    });
+    Some(out)
+}
+
+/// The image of a StatefulSet's first container.
+fn image(sts: &Value) -> Option<&str> {
+    at(sts, &["spec", "template", "spec", "containers"])
+        .and_then(|c| c.get(0))
+        .and_then(|c| str_at(c, &["image"]))
+}
+
+pub(crate) fn cond(type_: &str, status: ConditionStatus, reason: &str, message: String) -> Condition {
     Condition { type_: type_.into(), status, reason: reason.into(), message }
 }
 
@@ -56,9 +97,7 @@ pub fn derive(cluster: &Cluster, sts: Option<&Value>, desired_image: &str) -> De
     let update_rev = str_at(sts, &["status", "updateRevision"]);
     let generation = i64_at(sts, &["metadata", "generation"]).unwrap_or(0);
     let seen_generation = i64_at(sts, &["status", "observedGeneration"]).unwrap_or(0);
-    let image = at(sts, &["spec", "template", "spec", "containers"])
-        .and_then(|c| c.get(0))
-        .and_then(|c| str_at(c, &["image"]));
+    let image = image(sts);
     let creating = matches!(cluster.last_phase.as_deref(), None | Some("Pending"));
     // A rollout replaces pods one at a time, so the pod count dips while it runs: look at
     // revisions and images before counting replicas, or an upgrade reads as scaling.
@@ -168,26 +207,53 @@ pub fn phase_event(last: Option<&str>, phase: Phase) -> Option<Event> {
 /// The condition a paused resource carries.
 pub const PAUSED_CONDITION: &str = "Paused";
 
-/// Whether the status as last written says the resource is paused.
-pub fn was_paused(status: Option<&Value>) -> bool {
+/// The condition a hibernating resource carries: False while its pods stop, True once none runs.
+pub const HIBERNATED_CONDITION: &str = "Hibernated";
+
+/// The condition `type_` in the status as last written.
+fn written_condition<'a>(status: Option<&'a Value>, type_: &str) -> Option<&'a Value> {
     status
         .and_then(|s| s.get("conditions"))
         .and_then(Value::as_array)
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == PAUSED_CONDITION && c["status"] == "True"))
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+}
+
+/// The status (`True`, `False`…) of the condition `type_` in the status as last written.
+pub fn condition_status<'a>(status: Option<&'a Value>, type_: &str) -> Option<&'a str> {
+    written_condition(status, type_).and_then(|c| c["status"].as_str())
+}
+
+/// The message of the condition `type_` in the status as last written.
+pub fn condition_message<'a>(status: Option<&'a Value>, type_: &str) -> Option<&'a str> {
+    written_condition(status, type_).and_then(|c| c["message"].as_str())
+}
+
+/// Whether the status as last written says the resource is paused.
+pub fn was_paused(status: Option<&Value>) -> bool {
+    condition_status(status, PAUSED_CONDITION) == Some("True")
+}
+
+/// The status fields as last written other than those the host writes itself on every status
+/// write: what the plugin observed and decided last (roles, formation, a switchover…).
+pub fn kept_fields(status: Option<&Value>) -> serde_json::Map<String, Value> {
+    let mut extra = status.and_then(Value::as_object).cloned().unwrap_or_default();
+    for key in ["phase", "conditions", "observedGeneration", "pluginDigest", "requests"] {
+        extra.remove(key);
+    }
+    extra
 }
 
 /// What a paused resource reports: the status as last written (phase, conditions, service
 /// fields), plus `Paused=True`, so a reader sees both the last known state and why a spec
 /// change is not taking effect. Returns the phase, the conditions and the extra fields.
 pub fn paused(status: Option<&Value>) -> (Phase, Vec<Condition>, serde_json::Map<String, Value>) {
-    let mut extra = status.and_then(Value::as_object).cloned().unwrap_or_default();
-    let phase = extra
-        .get("phase")
+    let phase = status
+        .and_then(|s| s.get("phase"))
         .and_then(Value::as_str)
         .and_then(|p| Phase::ALL.into_iter().find(|known| known.as_str() == p))
         .unwrap_or(Phase::Pending);
-    let mut conditions: Vec<Condition> = extra
-        .get("conditions")
+    let mut conditions: Vec<Condition> = status
+        .and_then(|s| s.get("conditions"))
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -212,9 +278,5 @@ pub fn paused(status: Option<&Value>) -> (Phase, Vec<Condition>, serde_json::Map
         "SpecPaused",
         "spec.paused is true: the operator changes nothing until it is false".into(),
     ));
-    // The host writes these itself on every status write.
-    for key in ["phase", "conditions", "observedGeneration", "pluginDigest", "requests"] {
-        extra.remove(key);
-    }
-    (phase, conditions, extra)
+    (phase, conditions, kept_fields(status))
 }

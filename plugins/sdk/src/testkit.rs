@@ -119,6 +119,22 @@ pub fn extra(plan: &Plan) -> Value {
     serde_json::from_str(&plan.status.extra).unwrap()
 }
 
+/// Panics unless every top-level status field of `plan` is declared in the CRD's status
+/// schema of `B`: the API server drops an undeclared field without a word, and the plugin
+/// would never read back what it wrote.
+pub fn assert_status_declared<B: crate::driver::Blueprint>(plan: &Plan) {
+    let schema = crate::schema::status(&B::status_extra_schema());
+    let declared = schema.get("properties").and_then(Value::as_object).cloned().unwrap_or_default();
+    let status = extra(plan);
+    let undeclared: Vec<&String> = status
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.keys())
+        .filter(|k| !declared.contains_key(*k))
+        .collect();
+    assert!(undeclared.is_empty(), "status fields the CRD does not declare: {undeclared:?}");
+}
+
 /// The status of condition `type_` as "True"/"False"/"Unknown" and its reason.
 pub fn condition(plan: &Plan, type_: &str) -> (String, String) {
     let c = plan.status.conditions.iter().find(|c| c.type_ == type_).unwrap();
@@ -381,7 +397,7 @@ macro_rules! plugin_suite {
                 let h = |cr: &Value| tk::find(&plan(cr, &[]), "StatefulSet")["spec"]["template"]["metadata"]["annotations"]["stateward.dev/config-hash"].clone();
                 let a = h(&base());
                 let mut cr = base();
-                cr["spec"]["replicas"] = json!(4);
+                cr["spec"]["replicas"] = json!(5);
                 assert!(a.is_string());
                 assert_eq!(a, h(&cr), "scaling alone must not roll the pods");
             }
@@ -491,6 +507,155 @@ macro_rules! plugin_suite {
                 wrong["spec"]["paused"] = json!("yes");
                 let errs = <$ty>::validate(&wrong.to_string(), None);
                 assert!(errs.iter().any(|e| e.path == "spec.paused" && e.message.contains("boolean")), "{errs:?}");
+            }
+
+            #[test]
+            fn hibernate_stops_every_pod_keeping_the_rest_and_wakes_the_same_pods() {
+                let running = tk::with_phase(base(), "Running");
+                let children = tk::with_sts_status(&tk::applied(&plan(&running, &[])), 3, 3, 3, ("r1", "r1"));
+                let awake = plan(&running, &children);
+                let mut asleep = running.clone();
+                asleep["spec"]["hibernate"] = json!(true);
+                // What the plugin observed and decided last is kept for the wake.
+                asleep["status"]["decidedEarlier"] = json!({"primary": "main-1"});
+                let pod = |i: i64| json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                    "name": format!("main-{i}"), "uid": format!("u{i}"), "labels": {"stateward.dev/instance": "main"}}});
+                let mut with_pods = children.clone();
+                with_pods.extend([pod(0), pod(1), tk::pvc("main", 0), tk::pvc("main", 1)]);
+                let p = plan(&asleep, &with_pods);
+                assert!(
+                    p.actions.iter().all(|a| matches!(a, Action::Apply(_) | Action::EnsureSecret(_))),
+                    "no request to the service, no label, no delete while it hibernates: {:?}", p.actions
+                );
+                let zeroed = |objects: Vec<Value>| -> Vec<Value> {
+                    objects.into_iter().map(|mut o| {
+                        if o["kind"] == "StatefulSet" { o["spec"]["replicas"] = json!(0); }
+                        o
+                    }).collect()
+                };
+                let sets = tk::find_all(&p, "StatefulSet");
+                assert!(!sets.is_empty() && sets.iter().all(|s| s["spec"]["replicas"] == 0), "{sets:?}");
+                // Every object is the awake plan's (Secrets, Services, configuration, template),
+                // the StatefulSets at zero; what the awake plan makes from the service's answers
+                // is not rendered (and not deleted either).
+                let awake_zeroed = zeroed(tk::applied(&awake));
+                for o in tk::applied(&p) {
+                    assert!(awake_zeroed.contains(&o), "not as when awake: {o:#}");
+                }
+                assert_eq!(sets, zeroed(tk::find_all(&awake, "StatefulSet")));
+                assert_eq!(p.status.phase, Phase::Scaling);
+                assert_eq!(tk::condition(&p, "Hibernated"), ("False".into(), "Stopping".into()));
+                assert_eq!(tk::condition(&p, "Available"), ("False".into(), "Hibernated".into()));
+                assert_eq!(tk::extra(&p)["decidedEarlier"], json!({"primary": "main-1"}));
+                assert_eq!(p.events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), ["PhaseChanged", "Hibernating"]);
+
+                // Every pod gone: Hibernated, said once.
+                let stopped = tk::with_sts_status(&tk::applied(&p), 0, 0, 0, ("r1", "r1"));
+                let mut stopped_children = stopped.clone();
+                stopped_children.extend([tk::pvc("main", 0), tk::pvc("main", 1)]);
+                let mut stopping = asleep.clone();
+                stopping["status"]["phase"] = json!("Scaling");
+                stopping["status"]["conditions"] = json!([{"type": "Hibernated", "status": "False", "reason": "Stopping", "message": ""}]);
+                let p = plan(&stopping, &stopped_children);
+                let (status, reason) = tk::condition(&p, "Hibernated");
+                assert_eq!((status.as_str(), reason.as_str()), ("True", "Hibernated"));
+                assert!(p.status.conditions.iter().any(|c| c.message.contains("2 volume claim(s)")), "{:?}", p.status.conditions);
+                assert!(p.events.iter().any(|e| e.reason == "Hibernated"), "{:?}", p.events);
+                assert_eq!(p.requeue_after_ms, None);
+                let mut asleep_still = stopping.clone();
+                asleep_still["status"]["phase"] = json!(p.status.phase.as_str());
+                asleep_still["status"]["conditions"] = json!([{"type": "Hibernated", "status": "True", "reason": "Hibernated", "message": ""}]);
+                assert!(plan(&asleep_still, &stopped_children).events.is_empty(), "said once");
+
+                // Woken: the plan an awake cluster gets, and the event saying so.
+                let mut woken = asleep_still.clone();
+                woken["spec"]["hibernate"] = json!(false);
+                let p = plan(&woken, &stopped_children);
+                assert_eq!(tk::find_all(&p, "StatefulSet"), tk::find_all(&awake, "StatefulSet"), "the same pods again");
+                assert!(p.status.conditions.iter().all(|c| c.type_ != "Hibernated"));
+                assert!(p.events.iter().any(|e| e.reason == "Waking"), "{:?}", p.events);
+
+                let mut wrong = base();
+                wrong["spec"]["hibernate"] = json!("yes");
+                let errs = <$ty>::validate(&wrong.to_string(), None);
+                assert!(errs.iter().any(|e| e.path == "spec.hibernate" && e.message.contains("boolean")), "{errs:?}");
+            }
+
+            #[test]
+            fn fenced_pods_leave_every_client_service_and_are_kept() {
+                use $crate::fence::{FENCED_ANNOTATION, FENCED_LABEL};
+                let running = tk::with_phase(base(), "Running");
+                let sets = tk::with_sts_status(&tk::applied(&plan(&running, &[])), 3, 3, 3, ("r1", "r1"));
+                let pod = |i: i64, fenced: Option<&str>| {
+                    let mut labels = json!({"stateward.dev/instance": "main"});
+                    if let Some(f) = fenced { labels[FENCED_LABEL] = json!(f); }
+                    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                        "name": format!("main-{i}"), "uid": format!("u{i}"), "labels": labels}})
+                };
+                let with_pods = |fenced: [Option<&str>; 3]| -> Vec<Value> {
+                    let mut c = sets.clone();
+                    c.extend(fenced.iter().enumerate().map(|(i, f)| pod(i as i64, *f)));
+                    c
+                };
+                let fence_labels = |p: &$crate::Plan| -> Vec<(String, String)> {
+                    p.actions.iter().filter_map(|a| match a {
+                        Action::LabelPod(l) if l.labels[0].0 == FENCED_LABEL =>
+                            Some((l.pod.clone(), l.labels[0].1.clone().unwrap_or_default())),
+                        _ => None,
+                    }).collect()
+                };
+                let pair = |p: &str, v: &str| (p.to_string(), v.to_string());
+                // Every client Service selects pods that are not fenced; the headless one keeps
+                // every pod (their names); pods not labelled yet are.
+                let p = plan(&running, &with_pods([None, None, None]));
+                for svc in tk::find_all(&p, "Service") {
+                    let client = svc["spec"]["clusterIP"] != "None";
+                    let selects = svc["spec"]["selector"][FENCED_LABEL].clone();
+                    assert_eq!(selects, if client { json!("false") } else { Value::Null }, "{svc}");
+                }
+                assert_eq!(fence_labels(&p), [pair("main-0", "false"), pair("main-1", "false"), pair("main-2", "false")]);
+                assert_eq!(fence_labels(&plan(&running, &with_pods([Some("false"); 3]))), []);
+                assert!(p.status.conditions.iter().all(|c| c.type_ != "Fenced"));
+
+                let mut fenced = running.clone();
+                fenced["metadata"]["annotations"] = json!({ FENCED_ANNOTATION: "[\"main-1\"]" });
+                let p = plan(&fenced, &with_pods([Some("false"); 3]));
+                assert_eq!(fence_labels(&p), [pair("main-1", "true")]);
+                let first_service = p.actions.iter()
+                    .position(|a| matches!(a, Action::Apply(t) if t.contains("\"kind\":\"Service\""))).unwrap();
+                let label = p.actions.iter().position(|a| matches!(a, Action::LabelPod(l) if l.labels[0].0 == FENCED_LABEL)).unwrap();
+                assert!(label < first_service, "the label before the Services that select on it");
+                assert!(!p.actions.iter().any(|a| matches!(a, Action::Delete(_))), "the pod is kept");
+                assert_eq!(tk::condition(&p, "Fenced"), ("True".into(), "PodsFenced".into()));
+                let said: Vec<&str> = p.events.iter().filter(|e| e.reason == "Fenced").map(|e| e.message.as_str()).collect();
+                assert!(said.len() == 1 && said[0].contains("main-1"), "{:?}", p.events);
+                // Said once.
+                let mut still = fenced.clone();
+                let written: Vec<Value> = p.status.conditions.iter()
+                    .map(|c| json!({"type": c.type_, "status": format!("{:?}", c.status), "reason": c.reason, "message": c.message}))
+                    .collect();
+                still["status"]["conditions"] = json!(written);
+                let labelled = with_pods([Some("false"), Some("true"), Some("false")]);
+                let p = plan(&still, &labelled);
+                assert_eq!(fence_labels(&p), []);
+                assert!(p.events.iter().all(|e| e.reason != "Fenced"), "{:?}", p.events);
+
+                // Unfenced: back in the Services.
+                let mut unfenced = still.clone();
+                unfenced["metadata"]["annotations"][FENCED_ANNOTATION] = json!("[]");
+                let p = plan(&unfenced, &labelled);
+                assert_eq!(fence_labels(&p), [pair("main-1", "false")]);
+                assert_eq!(tk::condition(&p, "Fenced"), ("False".into(), "NoneFenced".into()));
+                assert!(p.events.iter().any(|e| e.reason == "Unfenced"), "{:?}", p.events);
+
+                // Bad lists are refused, naming the annotation.
+                let path = format!("metadata.annotations[{FENCED_ANNOTATION}]");
+                for (value, says) in [("main-1", "JSON list"), ("[\"main-7\"]", "not a pod of this cluster"), ("[1]", "JSON list")] {
+                    let mut bad = base();
+                    bad["metadata"]["annotations"] = json!({ FENCED_ANNOTATION: value });
+                    let errs = <$ty>::validate(&bad.to_string(), None);
+                    assert!(errs.iter().any(|e| e.path == path && e.message.contains(says)), "{value}: {errs:?}");
+                }
             }
 
             #[test]

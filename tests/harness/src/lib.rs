@@ -135,12 +135,28 @@ impl Cluster {
 /// Path of the kubectl that `tests/cluster/build` produced (the version in
 /// `tests/cluster/k8s/go.mod`), falling back to `kubectl` on PATH.
 pub fn kubectl_binary() -> PathBuf {
-    let version = std::fs::read_to_string(cluster_dir().join("k8s").join("go.mod")).ok().and_then(|gomod| {
+    built_tool("kubectl", "k8s", "k8s.io/kubernetes")
+}
+
+/// Path of the helm that `tests/cluster/build helm` produced (the version in
+/// `tests/cluster/helm/go.mod`), falling back to `helm` on PATH.
+pub fn helm_binary() -> PathBuf {
+    built_tool("helm", "helm", "helm.sh/helm/v4")
+}
+
+/// `$STATEWARD_CACHE/bin/<name>-<version>`, the version being `module`'s in
+/// `tests/cluster/<moddir>/go.mod` (as tests/cluster/lib.sh reads it); `name` on PATH when
+/// either is unknown.
+fn built_tool(name: &str, moddir: &str, module: &str) -> PathBuf {
+    let version = std::fs::read_to_string(cluster_dir().join(moddir).join("go.mod")).ok().and_then(|gomod| {
         gomod.lines().find_map(|l| {
-            let mut words = l.split_whitespace();
-            (words.next() == Some("require") && words.next() == Some("k8s.io/kubernetes"))
-                .then(|| words.next().map(str::to_owned))
-                .flatten()
+            let words: Vec<&str> = l.split_whitespace().collect();
+            match words.as_slice() {
+                ["require", m, v, ..] | [m, v, ..] if *m == module && v.starts_with('v') => {
+                    Some(v.to_string())
+                }
+                _ => None,
+            }
         })
     });
     let cache = std::env::var_os("STATEWARD_CACHE").map(PathBuf::from).or_else(|| {
@@ -150,8 +166,8 @@ pub fn kubectl_binary() -> PathBuf {
             .map(|c| c.join("stateward"))
     });
     match (cache, version) {
-        (Some(cache), Some(v)) => cache.join("bin").join(format!("kubectl-{v}")),
-        _ => PathBuf::from("kubectl"),
+        (Some(cache), Some(v)) => cache.join("bin").join(format!("{name}-{v}")),
+        _ => PathBuf::from(name),
     }
 }
 

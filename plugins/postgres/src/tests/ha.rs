@@ -24,6 +24,7 @@ fn stats(in_recovery: bool, received: u64, replayed: u64, timeline: u32, streami
         replayed,
         timeline,
         streaming,
+        read_only: false,
         standbys: Vec::new(),
     }
 }
@@ -453,7 +454,10 @@ fn the_plan_publishes_the_topology_before_the_pods_and_labels_the_roles() {
         .actions
         .iter()
         .filter_map(|a| match a {
-            Action::LabelPod(l) => Some((l.pod.clone(), l.labels[0].1.clone())),
+            // (The fence labels are the sdk's: see its suite.)
+            Action::LabelPod(l) if l.labels[0].0 != stateward_sdk::fence::FENCED_LABEL => {
+                Some((l.pod.clone(), l.labels[0].1.clone()))
+            }
             _ => None,
         })
         .collect();

@@ -7,6 +7,10 @@ const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 const C: &str = "cccccccccccccccccccccccccccccccccccccccc";
 const D: &str = "dddddddddddddddddddddddddddddddddddddddd";
+const E: &str = "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
+const F: &str = "ffffffffffffffffffffffffffffffffffffffff";
+const G: &str = "1111111111111111111111111111111111111111";
+const H: &str = "2222222222222222222222222222222222222222";
 
 fn info(state: &str, assigned: u32, ok: u32, known: u32) -> String {
     format!(
@@ -48,6 +52,13 @@ fn four() -> Vec<Member> {
 fn parses_cluster_info_and_nodes() {
     let v = parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(D))).unwrap();
     assert_eq!((v.state.as_str(), v.slots_assigned, v.slots_ok, v.known_nodes), ("ok", SLOTS, SLOTS, 4));
+    assert!(!v.writes_held);
+    // The poll's third answer, `INFO replication`, tells a fenced node's writes are held back,
+    // and does not disturb the rest.
+    let replication = "# Replication\r\nrole:master\r\nconnected_slaves:1\r\nmin_slaves_good_slaves:1\r\nslave0:ip=10.0.0.4,port=6379,state=online,offset=42,lag=0\r\n";
+    let held = parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(D) + replication)).unwrap();
+    assert!(held.writes_held);
+    assert_eq!(held.nodes, v.nodes);
     let me = v.myself().unwrap();
     assert_eq!(
         (me.id.as_str(), me.ip.as_str(), me.master, me.master_id.as_deref()),
@@ -183,15 +194,31 @@ fn cluster_mode_is_checked_and_rendered() {
     let mut elsewhere = tk::cr("RedisCluster", "cache", spec());
     elsewhere["spec"]["cluster"] = json!({ "shards": 3 });
     assert_eq!(paths(&elsewhere), ["spec.cluster: is for cluster mode only, not replication"]);
-    // The shape is fixed once running (scaling is not yet reliable live).
+    // Shards may be added and removed once running; the replicas of each may not change.
     let mut bigger = cr.clone();
     bigger["spec"]["cluster"]["shards"] = json!(4);
     bigger["spec"]["replicas"] = json!(8);
-    let errs = Redis::validate(&bigger.to_string(), Some(&cr.to_string()));
+    assert_eq!(Redis::validate(&bigger.to_string(), Some(&cr.to_string())), vec![], "3 -> 4 shards");
+    assert_eq!(Redis::validate(&cr.to_string(), Some(&bigger.to_string())), vec![], "4 -> 3 shards");
+    let mut more_replicas = cr.clone();
+    more_replicas["spec"]["cluster"]["replicasPerShard"] = json!(2);
+    more_replicas["spec"]["replicas"] = json!(9);
+    let errs = Redis::validate(&more_replicas.to_string(), Some(&cr.to_string()));
     assert!(
-        errs.iter().any(|e| e.path == "spec.cluster" && e.message.contains("not supported yet")),
+        errs.iter()
+            .any(|e| e.path == "spec.cluster.replicasPerShard" && e.message.contains("fixed at creation")),
         "{errs:?}"
     );
+    // The other checks still hold on an update: fewer than 3 shards, pods not matching.
+    let mut two_shards = cr.clone();
+    two_shards["spec"]["cluster"]["shards"] = json!(2);
+    two_shards["spec"]["replicas"] = json!(4);
+    let errs = Redis::validate(&two_shards.to_string(), Some(&cr.to_string()));
+    assert!(errs.iter().any(|e| e.path == "spec.cluster.shards"), "{errs:?}");
+    let mut short = bigger.clone();
+    short["spec"]["replicas"] = json!(6);
+    let errs = Redis::validate(&short.to_string(), Some(&cr.to_string()));
+    assert!(errs.iter().any(|e| e.path == "spec.replicas"), "{errs:?}");
 }
 
 #[test]
@@ -385,10 +412,6 @@ fn cluster_of(lines: &[(&str, &str, &str, &str)]) -> Vec<Member> {
 #[test]
 fn scaling_adds_shards_and_moves_slots_then_drains_and_forgets_them() {
     use crate::cluster::{scale, ScaleStep};
-    const E: &str = "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
-    const F: &str = "ffffffffffffffffffffffffffffffffffffffff";
-    const G: &str = "1111111111111111111111111111111111111111";
-    const H: &str = "2222222222222222222222222222222222222222";
     let formed = [
         (A, "10.0.0.1", "-", "0-5460"),
         (B, "10.0.0.2", "-", "5461-10922"),
@@ -494,4 +517,206 @@ fn scaling_adds_shards_and_moves_slots_then_drains_and_forgets_them() {
         scale(&members, &d, 6, 3, 1).step,
         Some(ScaleStep::Replicate { pod: "cache-5".into(), master: "cache-2".into(), master_id: C.into() })
     );
+}
+
+/// The entry node of `redis-cli --cluster`: the pod's IP, else the address in its server's own
+/// line; none without either (IPv6 as it is: redis-cli splits at the last ':').
+#[test]
+fn the_entry_node_is_the_pods_own_address() {
+    use crate::cluster::entry;
+    let mut members = four();
+    assert_eq!(entry(&members, "cache-2", "6379").as_deref(), Some("10.0.0.3:6379"));
+    // A server learns its own address from a MEET: its own line may still name an old one.
+    members[2].ip = "10.0.1.3".into();
+    assert_eq!(entry(&members, "cache-2", "6379").as_deref(), Some("10.0.1.3:6379"));
+    members[2].ip = String::new();
+    assert_eq!(entry(&members, "cache-2", "6379").as_deref(), Some("10.0.0.3:6379"), "its own line");
+    members[2].answer = None;
+    assert_eq!(entry(&members, "cache-2", "6379"), None, "no address known");
+    assert_eq!(entry(&members, "cache-9", "6379"), None, "no such pod");
+    members[1].ip = "fd00::2".into();
+    assert_eq!(entry(&members, "cache-1", "6379").as_deref(), Some("fd00::2:6379"));
+}
+
+/// A Ready pod `cache-<i>` at `ip`, its server running.
+fn cluster_pod(i: usize, ip: &str) -> Value {
+    let name = format!("cache-{i}");
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": "db", "uid": format!("{name}-uid-0001"),
+                      "labels": { "stateward.dev/instance": "cache" } },
+        "status": {
+            "podIP": ip,
+            "conditions": [{ "type": "Ready", "status": "True" }],
+            "containerStatuses": [{ "name": "redis", "state": { "running": {} }, "restartCount": 0 }],
+        },
+    })
+}
+
+/// The slot-moving requests (id, pod, command) of a reconcile of a formed cluster whose spec asks
+/// for `shards` shards of 1 replica, with a pod `cache-<i>` at `ips[i]` for each of `lines`, each
+/// server answering with `lines` (its own marked).
+fn moves(
+    shards: usize,
+    lines: &[(&str, &str, &str, &str)],
+    ips: &[&str],
+) -> Vec<(String, String, Vec<String>)> {
+    moves_after(shards, lines, ips, json!({ "cluster": { "formed": true, "formation": "Formed" } }))
+}
+
+/// [`moves`] with the status the plugin wrote last.
+fn moves_after(
+    shards: usize,
+    lines: &[(&str, &str, &str, &str)],
+    ips: &[&str],
+    status: Value,
+) -> Vec<(String, String, Vec<String>)> {
+    let mut cr = tk::cr("RedisCluster", "cache", spec());
+    cr["spec"]["mode"] = json!("cluster");
+    cr["spec"]["replicas"] = json!(shards * 2);
+    cr["spec"]["cluster"] = json!({ "shards": shards });
+    cr["status"] = status;
+    let pods: Vec<Value> = ips.iter().enumerate().map(|(i, ip)| cluster_pod(i, ip)).collect();
+    let mut o = tk::observed(&cr, &pods);
+    for (i, (id, ..)) in lines.iter().enumerate() {
+        o.responses.push(stateward_sdk::Response {
+            id: format!("cluster-cache-{i}-cache-{i}--r0"),
+            code: Some(0),
+            stdout: info("ok", SLOTS, SLOTS, lines.len() as u32) + &nodes_of(id, lines),
+            ..Default::default()
+        });
+    }
+    let p = Redis::reconcile(o).unwrap();
+    p.actions
+        .into_iter()
+        .filter_map(|a| match a {
+            stateward_sdk::Action::Exec(e)
+                if ["cluster-rebalance-", "cluster-fix-", "cluster-forget-"]
+                    .iter()
+                    .any(|k| e.id.starts_with(k)) =>
+            {
+                Some((e.id, e.pod, e.command))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// What follows `flag` in `command`.
+fn after<'a>(command: &'a [String], flag: &str) -> Option<&'a str> {
+    command.iter().position(|a| a == flag).and_then(|i| command.get(i + 1)).map(String::as_str)
+}
+
+/// Every slot move names the entry node at its pod's address, never 127.0.0.1: redis-cli hands
+/// the entry's address to the source servers as the MIGRATE target, and a source told
+/// 127.0.0.1 migrates to itself and blocks (its replica takes over midway). The moves bound
+/// MIGRATE below the node timeout.
+#[test]
+fn slot_moves_name_the_entry_node_at_its_pods_address() {
+    use crate::cluster::{MIGRATE_TIMEOUT_MS, NODE_TIMEOUT_MS};
+    let ips =
+        ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6", "10.0.0.7", "10.0.0.8"];
+    let check = |(id, pod, command): &(String, String, Vec<String>), sub: &str, entry: &str| {
+        assert_eq!(after(command, "--cluster"), Some(sub), "{command:?}");
+        assert_eq!(after(command, sub), Some(entry), "{id} in {pod}: {command:?}");
+        assert!(!command.iter().any(|a| a.starts_with("127.0.0.1:")), "{command:?}");
+        if sub != "del-node" {
+            let t: u64 = after(command, "--cluster-timeout").unwrap().parse().unwrap();
+            assert!(t == MIGRATE_TIMEOUT_MS && t < NODE_TIMEOUT_MS, "{command:?}");
+            // redis-cli itself: the policies let the plugin run nothing else (no shell).
+            assert_eq!(command[0], "redis-cli", "{command:?}");
+        }
+    };
+
+    // 3 -> 4 shards: cache-6 joined as an empty master, cache-7 follows it.
+    let grown = [
+        (A, "10.0.0.1", "-", "0-5460"),
+        (B, "10.0.0.2", "-", "5461-10922"),
+        (C, "10.0.0.3", "-", "10923-16383"),
+        (D, "10.0.0.4", B, ""),
+        (E, "10.0.0.5", C, ""),
+        (F, "10.0.0.6", A, ""),
+        (G, "10.0.0.7", "-", ""),
+        (H, "10.0.0.8", G, ""),
+    ];
+    let m = moves(4, &grown, &ips);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!((m[0].0.as_str(), m[0].1.as_str()), ("cluster-rebalance-0", "cache-0"));
+    check(&m[0], "rebalance", "10.0.0.1:6379");
+    assert_eq!(after(&m[0].2, "--cluster-weight"), None);
+
+    // 4 -> 3 shards: cache-6's slots are drained to the masters that stay, cache-0 among them.
+    let balanced = [
+        (A, "10.0.0.1", "-", "1365-5460"),
+        (B, "10.0.0.2", "-", "6827-10922"),
+        (C, "10.0.0.3", "-", "12288-16383"),
+        (D, "10.0.0.4", B, ""),
+        (E, "10.0.0.5", C, ""),
+        (F, "10.0.0.6", A, ""),
+        (G, "10.0.0.7", "-", "0-1364 5461-6826 10923-12287"),
+        (H, "10.0.0.8", G, ""),
+    ];
+    let m = moves(3, &balanced, &ips);
+    assert_eq!(m.len(), 1, "{m:?}");
+    check(&m[0], "rebalance", "10.0.0.1:6379");
+    assert_eq!(after(&m[0].2, "--cluster-weight"), Some(format!("{G}=0").as_str()));
+
+    // A migration stopped midway on cache-2: fixed from there.
+    let mut open = balanced;
+    open[6].3 = "";
+    open[0].3 = "0-5460";
+    open[2].3 = "12288-16383 [5-<-1111111111111111111111111111111111111111]";
+    let m = moves(3, &open, &ips);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!((m[0].0.as_str(), m[0].1.as_str()), ("cluster-fix-0", "cache-2"));
+    check(&m[0], "fix", "10.0.0.3:6379");
+
+    // Drained: cache-6's node is forgotten, from cache-0.
+    open[2].3 = "12288-16383";
+    let m = moves(3, &open, &ips);
+    assert_eq!(m.len(), 1, "{m:?}");
+    assert_eq!(m[0].0, format!("cluster-forget-{}", &G[..12]));
+    check(&m[0], "del-node", "10.0.0.1:6379");
+    assert_eq!(m[0].2.last().map(String::as_str), Some(G));
+
+    // No address known for cache-0 (neither its pod nor its server's own line): no move at all.
+    let mut unknown = grown;
+    unknown[0].1 = "";
+    let mut no_ip = ips;
+    no_ip[0] = "";
+    assert_eq!(moves(4, &unknown, &no_ip), vec![]);
+}
+
+/// A scaling request waits for its answer only once the host has recorded it (status.requests):
+/// one whose record failed (a conflicting status write) was never sent, and is asked for again
+/// instead of holding every later step back until its timeout.
+#[test]
+fn a_scaling_request_the_host_never_recorded_is_asked_for_again() {
+    let ips =
+        ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6", "10.0.0.7", "10.0.0.8"];
+    let grown = [
+        (A, "10.0.0.1", "-", "0-5460"),
+        (B, "10.0.0.2", "-", "5461-10922"),
+        (C, "10.0.0.3", "-", "10923-16383"),
+        (D, "10.0.0.4", B, ""),
+        (E, "10.0.0.5", C, ""),
+        (F, "10.0.0.6", A, ""),
+        (G, "10.0.0.7", "-", ""),
+        (H, "10.0.0.8", G, ""),
+    ];
+    let asked = |requests: Value| {
+        let status = json!({
+            "cluster": {
+                "formed": true, "formation": "Formed",
+                "scalingRequest": "cluster-rebalance-0", "scalingSinceMs": 1_700_000_000_000u64 - 5_000,
+            },
+            "requests": requests,
+        });
+        moves_after(4, &grown, &ips, status)
+    };
+    let m = asked(json!({}));
+    assert_eq!(m.len(), 1, "not recorded, so never sent: asked again");
+    assert_eq!(m[0].0, "cluster-rebalance-0");
+    let m = asked(json!({ "cluster-rebalance-0": { "state": "Sent", "sentAtMs": 1_699_999_995_000u64 } }));
+    assert!(m.is_empty(), "sent and not answered: nothing else moves meanwhile: {m:?}");
 }

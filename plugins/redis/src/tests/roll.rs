@@ -307,3 +307,49 @@ fn a_failover_no_sentinel_starts_is_asked_of_one_after_the_stall() {
         assert!(status.get("masterDownSinceMs").is_none(), "{flags}: {status}");
     }
 }
+
+/// Fencing the master refuses its writes (`min-replicas-to-write` past any count of replicas,
+/// its clients disconnected), asked once per answer that still shows it writable; unfenced,
+/// a server holding writes back gets 0 again.
+#[test]
+fn a_fenced_server_refuses_writes_and_an_unfenced_one_takes_them_again() {
+    use stateward_sdk::{Action, Service};
+    let writes = |o: stateward_sdk::Observed| -> Vec<(String, String)> {
+        let p = super::Redis::reconcile(o).unwrap();
+        p.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Exec(e) if e.id.starts_with("fence-") || e.id.starts_with("unfence-") => {
+                    Some((e.id.clone(), e.stdin.clone().unwrap_or_default()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let fenced = |o: &mut stateward_sdk::Observed, list: &str| {
+        let mut cr: serde_json::Value = serde_json::from_str(&o.resource).unwrap();
+        cr["metadata"]["annotations"] = serde_json::json!({ "stateward.dev/fenced-instances": list });
+        o.resource = cr.to_string();
+    };
+    let status = serde_json::json!({ "master": "cache-0" });
+    assert_eq!(writes(observed_with(status.clone(), "new", &[2, 2, 2])), []);
+    let mut o = observed_with(status.clone(), "new", &[2, 2, 2]);
+    fenced(&mut o, "[\"cache-0\"]");
+    let w = writes(o);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].0.starts_with("fence-cache-0-"), "{w:?}");
+    assert_eq!(w[0].1, "CONFIG SET min-replicas-to-write 1000\nCLIENT KILL TYPE normal\n");
+    // Held back now (INFO says min_slaves_good_slaves): nothing more; unfenced: back to 0.
+    let mut o = observed_with(status, "new", &[2, 2, 2]);
+    let held = "role:master\r\nconnected_slaves:2\r\nmin_slaves_good_slaves:2\r\nmaster_repl_offset:100\r\nused_memory:1\r\n";
+    o.responses[0].stdout = held.into();
+    let mut still = o.clone();
+    fenced(&mut still, "[\"cache-0\"]");
+    assert_eq!(writes(still), []);
+    let w = writes(o);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].0.starts_with("unfence-cache-0-") && w[0].1 == "CONFIG SET min-replicas-to-write 0\n",
+        "{w:?}"
+    );
+}

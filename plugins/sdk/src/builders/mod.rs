@@ -9,7 +9,7 @@ pub mod volumes;
 
 use serde_json::{json, Map, Value};
 
-use crate::spec::Cluster;
+use crate::spec::{Cluster, Resources};
 
 /// Label every child carries; the host selects children by it.
 pub const INSTANCE_LABEL: &str = "stateward.dev/instance";
@@ -22,6 +22,9 @@ pub const CONFIG_DIR: &str = "/etc/stateward";
 /// Where the pods mount their server certificate (`tls.crt`, `tls.key`, `ca.crt`), beside
 /// (not inside) the read-only config mount.
 pub const TLS_DIR: &str = "/etc/stateward-tls";
+/// Label naming the member set of a pod (and its StatefulSet's selector) when a cluster has
+/// more than one kind of member; absent for a cluster's only set.
+pub const SET_LABEL: &str = "stateward.dev/member-set";
 /// Label of an `ensure-secret` that asks the host for a server certificate from its CA
 /// (value `server`); the host issues it, renews it and rolls the pods that mount it.
 pub const CERTIFICATE_LABEL: &str = "stateward.dev/certificate";
@@ -111,4 +114,56 @@ impl Ctx<'_> {
 /// A label value is at most 63 characters of `[A-Za-z0-9._-]`.
 fn label_value(s: &str) -> String {
     s.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')).take(63).collect()
+}
+
+/// One StatefulSet of a cluster's members. Most services have one, named as the CR
+/// ([`MemberSet::whole`]). A service whose members differ (Elasticsearch node sets with their
+/// own roles and sizes) has one per kind of member, `<name>-<set>`, all behind the same
+/// headless Service and credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberSet {
+    /// "" for a cluster's only set; otherwise appended to the CR name.
+    pub set: String,
+    pub replicas: i64,
+    pub resources: Resources,
+    /// The data claim size for new members (see `volumes` for existing ones).
+    pub storage_size: String,
+    /// Further labels on its pods (e.g. a role another Service selects by).
+    pub pod_labels: Vec<(String, String)>,
+}
+
+impl MemberSet {
+    /// The one set of a cluster whose members are all alike: sized by the common spec.
+    pub fn whole(cluster: &Cluster) -> Self {
+        MemberSet {
+            set: String::new(),
+            replicas: cluster.spec.replicas,
+            resources: cluster.spec.resources.clone(),
+            storage_size: cluster.spec.storage.size.clone(),
+            pod_labels: Vec::new(),
+        }
+    }
+
+    /// The StatefulSet's name: the CR's, or `<name>-<set>`.
+    pub fn statefulset(&self, ctx: &Ctx) -> String {
+        if self.set.is_empty() {
+            ctx.name().to_string()
+        } else {
+            format!("{}-{}", ctx.name(), self.set)
+        }
+    }
+
+    /// Pod `<statefulset>-<ordinal>`.
+    pub fn pod(&self, ctx: &Ctx, ordinal: i64) -> String {
+        format!("{}-{ordinal}", self.statefulset(ctx))
+    }
+
+    /// The StatefulSet's selector: the cluster's, narrowed to the set when it has a name.
+    pub fn selector(&self, ctx: &Ctx) -> Map<String, Value> {
+        let mut m = ctx.selector();
+        if !self.set.is_empty() {
+            m.insert(SET_LABEL.into(), json!(self.set));
+        }
+        m
+    }
 }

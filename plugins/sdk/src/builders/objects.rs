@@ -38,6 +38,8 @@ pub fn headless_service(ctx: &Ctx, ports: &[Port]) -> Value {
 /// A ClusterIP Service for clients; `extra_selector` narrows it (e.g. to the primary pod).
 pub fn client_service(ctx: &Ctx, name: &str, ports: &[Port], extra_selector: &[(&str, String)]) -> Value {
     let mut selector = ctx.selector();
+    // A fenced pod is in no client Service (see `fence`).
+    selector.insert(crate::fence::FENCED_LABEL.into(), json!("false"));
     for (k, v) in extra_selector {
         selector.insert((*k).to_string(), json!(v));
     }
@@ -96,12 +98,13 @@ pub fn server_certificate(ctx: &Ctx) -> SecretRequest {
     }
 }
 
-/// The credentials Secret, created by the host with random values if absent.
-pub fn credentials(ctx: &Ctx, keys: &[(&str, u32)]) -> SecretRequest {
+/// The credentials Secret, created by the host with random values if absent; `derived` keys
+/// are filled from templates.
+pub fn credentials(ctx: &Ctx, keys: &[(&str, u32)], derived: &[(&str, &str)]) -> SecretRequest {
     SecretRequest {
         name: ctx.secret(),
         keys: keys.iter().map(|(k, n)| ((*k).to_string(), *n)).collect(),
         labels: ctx.label_pairs(),
-        derived: Vec::new(),
+        derived: derived.iter().map(|(k, t)| ((*k).to_string(), (*t).to_string())).collect(),
     }
 }

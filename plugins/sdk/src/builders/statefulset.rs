@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 use super::objects::Port;
-use super::{Ctx, CONFIG_DIR, CONFIG_HASH_ANNOTATION, DATA_VOLUME, TLS_DIR};
+use super::{Ctx, MemberSet, CONFIG_DIR, CONFIG_HASH_ANNOTATION, DATA_VOLUME, SET_LABEL, TLS_DIR};
 use crate::spec::{parse_quantity, ResourceList, Resources, RESTARTED_AT_ANNOTATION};
 
 /// Resources used when the spec leaves them out: limits are always set (policy requires them).
@@ -157,7 +157,13 @@ fn template_annotations(ctx: &Ctx, config_hash: &str) -> Value {
     annotations
 }
 
-pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str, claim_size: &str) -> Value {
+pub fn stateful_set(
+    ctx: &Ctx,
+    set: &MemberSet,
+    c: &ContainerSpec,
+    config_hash: &str,
+    claim_size: &str,
+) -> Value {
     let spec = &ctx.cluster.spec;
     let container_ports: Vec<Value> = c
         .ports
@@ -170,7 +176,7 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str, claim_size:
         "imagePullPolicy": "IfNotPresent",
         "env": c.env,
         "ports": container_ports,
-        "resources": resources(&spec.resources, &c.defaults),
+        "resources": resources(&set.resources, &c.defaults),
         "readinessProbe": c.readiness,
         "livenessProbe": c.liveness,
         "securityContext": {
@@ -242,12 +248,21 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str, claim_size:
     if let (Some(class), Some(obj)) = (&spec.storage.class_name, claim_spec.as_object_mut()) {
         obj.insert("storageClassName".into(), json!(class));
     }
+    let mut pod_labels = ctx.labels();
+    let mut claim_labels = ctx.stable_labels();
+    if !set.set.is_empty() {
+        pod_labels.insert(SET_LABEL.into(), json!(set.set));
+        claim_labels.insert(SET_LABEL.into(), json!(set.set));
+    }
+    for (k, v) in &set.pod_labels {
+        pod_labels.insert(k.clone(), json!(v));
+    }
     json!({
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": ctx.metadata(ctx.name()),
+        "metadata": ctx.metadata(&set.statefulset(ctx)),
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": set.replicas,
             "serviceName": ctx.headless(),
             "podManagementPolicy": if c.parallel { "Parallel" } else { "OrderedReady" },
             // rollingUpdate spelled out: with `type` alone the API server leaves it unset, and
@@ -259,7 +274,7 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str, claim_size:
             } else {
                 json!({ "type": "RollingUpdate", "rollingUpdate": { "partition": 0 } })
             },
-            "selector": { "matchLabels": ctx.selector() },
+            "selector": { "matchLabels": set.selector(ctx) },
             // Claims outlive the StatefulSet always: deleting it (by hand, or while the
             // operator is down) must never take data with it. retentionPolicy: Delete is
             // carried out by finalize, which deletes the claims when the cluster is deleted.
@@ -269,13 +284,13 @@ pub fn stateful_set(ctx: &Ctx, c: &ContainerSpec, config_hash: &str, claim_size:
             },
             "template": {
                 "metadata": {
-                    "labels": ctx.labels(),
+                    "labels": pod_labels,
                     "annotations": template_annotations(ctx, config_hash),
                 },
                 "spec": pod_spec,
             },
             "volumeClaimTemplates": [{
-                "metadata": { "name": DATA_VOLUME, "labels": ctx.stable_labels() },
+                "metadata": { "name": DATA_VOLUME, "labels": claim_labels },
                 "spec": claim_spec,
             }],
         }

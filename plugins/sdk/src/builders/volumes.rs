@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use super::{Ctx, DATA_VOLUME, INSTANCE_LABEL};
+use super::{Ctx, MemberSet, DATA_VOLUME, INSTANCE_LABEL};
 use crate::json::str_at;
 use crate::spec::parse_quantity;
 
@@ -22,10 +22,14 @@ pub fn template_size(statefulset: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
-/// The data claims of this cluster among the children: labelled with its instance and named
-/// `data-<name>-<ordinal>` as its StatefulSet's claim template makes them.
-fn data_claims<'a>(ctx: &'a Ctx, children: &'a [Value]) -> impl Iterator<Item = (&'a str, &'a Value)> + 'a {
-    let prefix = format!("{DATA_VOLUME}-{}-", ctx.name());
+/// The data claims of one member set among the children: labelled with the cluster's instance
+/// and named `data-<statefulset>-<ordinal>` as its claim template makes them.
+fn data_claims<'a>(
+    ctx: &'a Ctx,
+    set: &MemberSet,
+    children: &'a [Value],
+) -> impl Iterator<Item = (&'a str, &'a Value)> + 'a {
+    let prefix = format!("{DATA_VOLUME}-{}-", set.statefulset(ctx));
     children
         .iter()
         .filter(|c| str_at(c, &["kind"]) == Some("PersistentVolumeClaim"))
@@ -37,13 +41,13 @@ fn data_claims<'a>(ctx: &'a Ctx, children: &'a [Value]) -> impl Iterator<Item = 
         })
 }
 
-/// A partial claim raising the storage request of every data claim of this cluster that asks
-/// for less than `spec.storage.size` (server-side applied: only that field is ours). Claims
-/// whose request cannot be read are left alone.
-pub fn grow_claims(ctx: &Ctx, children: &[Value]) -> Vec<Value> {
-    let size = &ctx.cluster.spec.storage.size;
+/// A partial claim raising the storage request of every data claim of one member set that asks
+/// for less than its size (server-side applied: only that field is ours). Claims whose request
+/// cannot be read are left alone.
+pub fn grow_claims(ctx: &Ctx, set: &MemberSet, children: &[Value]) -> Vec<Value> {
+    let size = &set.storage_size;
     let Some(want) = parse_quantity(size) else { return Vec::new() };
-    data_claims(ctx, children)
+    data_claims(ctx, set, children)
         .filter_map(|(name, c)| {
             let have = parse_quantity(c.pointer("/spec/resources/requests/storage")?.as_str()?)?;
             (have < want).then(|| {
@@ -58,13 +62,13 @@ pub fn grow_claims(ctx: &Ctx, children: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-/// While any bound data claim of the cluster has less capacity than `spec.storage.size`, a
-/// message saying how many have it (the resize runs in the storage driver and the kubelet;
-/// the claims' status shows when it is done).
-pub fn resizing(ctx: &Ctx, children: &[Value]) -> Option<String> {
-    let size = &ctx.cluster.spec.storage.size;
+/// While any bound data claim of one member set has less capacity than its size, a message
+/// saying how many have it (the resize runs in the storage driver and the kubelet; the claims'
+/// status shows when it is done).
+pub fn resizing(ctx: &Ctx, set: &MemberSet, children: &[Value]) -> Option<String> {
+    let size = &set.storage_size;
     let want = parse_quantity(size)?;
-    let capacities: Vec<Option<u128>> = data_claims(ctx, children)
+    let capacities: Vec<Option<u128>> = data_claims(ctx, set, children)
         .filter(|(_, c)| str_at(c, &["status", "phase"]) == Some("Bound"))
         .map(|(_, c)| c.pointer("/status/capacity/storage").and_then(Value::as_str).and_then(parse_quantity))
         .collect();
