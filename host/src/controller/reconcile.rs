@@ -110,7 +110,10 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
     }
     let certificates = Certificates {
         requested: requested_certificates(&plan.actions),
-        names: certificate_names(&plan.actions, &children, &resource, &namespace),
+        // Read only when a StatefulSet is created: not worked out for a converged resource.
+        names: creates_statefulset(&plan.actions, &children)
+            .then(|| certificate_names(&plan.actions, &children, &resource, &namespace))
+            .flatten(),
     };
     let mut waiting = false;
     for action in plan.actions.iter().filter(|a| !a.is_request()) {
@@ -161,6 +164,16 @@ struct Certificates {
     /// The names they must carry: those of every Service the plan applies, once all are
     /// observed (see `service_certs::stamp_planned`); None when no check applies.
     names: Option<Result<String, String>>,
+}
+
+/// Whether the plan applies a StatefulSet that is not among `children` yet.
+fn creates_statefulset(actions: &[Action], children: &[Value]) -> bool {
+    actions.iter().any(|a| match a {
+        Action::Apply { object } if object["kind"] == "StatefulSet" => !children
+            .iter()
+            .any(|c| c["kind"] == "StatefulSet" && c["metadata"]["name"] == object["metadata"]["name"]),
+        _ => false,
+    })
 }
 
 /// The names of the Services the plan applies, once every one of them is among `children`.

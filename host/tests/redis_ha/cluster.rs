@@ -279,11 +279,16 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
         kubectl_ok(&env, &["patch", "rdc", "shop", "--type=merge", "-p", &patch]);
     };
     // The writer: each SET through `redis-cli -c` (it follows MOVED and ASK), its answer kept.
+    // As cluster clients do, a SET answered CLUSTERDOWN or TRYAGAIN is tried again (up to 5
+    // times, 200 ms apart); each such answer is recorded in /tmp/w.retried and counted below.
     client_sh(
         &env,
-        "rm -f /tmp/w.log; (i=0; while [ ! -e /tmp/w.stop ]; do i=$((i+1)); \
-         printf '%s %s\\n' \"$i\" \"$(timeout 10 redis-cli -c -h shop SET w:$i v:$i 2>&1 | tr '\\n' ' ')\" >> /tmp/w.log; \
-         sleep 0.05; done) >/dev/null 2>&1 &",
+        "rm -f /tmp/w.log /tmp/w.retried; \
+         (set_w() { timeout 10 redis-cli -c -h shop SET w:$1 v:$1 2>&1 | tr '\\n' ' '; }; \
+         i=0; while [ ! -e /tmp/w.stop ]; do i=$((i+1)); r=$(set_w $i); n=0; \
+         while [ $n -lt 5 ] && case \"$r\" in CLUSTERDOWN*|TRYAGAIN*) true;; *) false;; esac; do \
+         echo \"$i $r\" >> /tmp/w.retried; n=$((n+1)); sleep 0.2; r=$(set_w $i); done; \
+         printf '%s %s\\n' \"$i\" \"$r\" >> /tmp/w.log; sleep 0.05; done) >/dev/null 2>&1 &",
     );
     let started = Instant::now();
     scale(4);
@@ -362,12 +367,15 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
         "grep ' OK' /tmp/w.log | cut -d' ' -f1 | sed 's/.*/GET w:&/' | timeout 60 redis-cli -c -h shop 2>&1 | grep -c '^v:' || true",
     );
     let read_back: usize = lost.trim().parse().unwrap_or(0);
+    let retried = client_sh(&env, "cat /tmp/w.retried 2>/dev/null || true");
     eprintln!(
-        "realpods-redis: cluster writer during 3 -> 4 -> 3: {} writes, {} acknowledged, {} errors {:?}, {read_back} read back",
+        "realpods-redis: cluster writer during 3 -> 4 -> 3: {} writes, {} acknowledged, {} errors {:?}, {read_back} read back; {} answers tried again {:?}",
         log.lines().count(),
         acked.len(),
         errors.len(),
-        errors.iter().take(5).collect::<Vec<_>>()
+        errors.iter().take(5).collect::<Vec<_>>(),
+        retried.lines().count(),
+        retried.lines().take(5).collect::<Vec<_>>()
     );
     assert!(acked.len() > 100, "the writer ran: {} acknowledged", acked.len());
     assert_eq!(read_back, acked.len(), "acknowledged writes lost");

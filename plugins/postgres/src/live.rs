@@ -9,6 +9,7 @@
 
 use serde_json::{json, Value};
 use stateward_sdk::builders::Ctx;
+use stateward_sdk::fence;
 use stateward_sdk::json::fnv1a;
 use stateward_sdk::live::{
     failure, poll_exec, response, Live, LiveInput, PodView, Reading, Threshold, NO_ANSWER_YET,
@@ -385,14 +386,19 @@ fn fence_writes(ctx: &Ctx, input: &LiveInput) -> Vec<Action> {
     for pod in input.pods.iter().filter(|p| p.can_exec("postgres") && !p.deleting) {
         let Some(r) = response(input.responses, &request_id(pod)) else { continue };
         let Some(s) = parse(&r.stdout).filter(|_| r.succeeded()) else { continue };
-        let fenced = ctx.cluster.fenced.contains(&pod.name);
-        let (verb, commands): (&str, &[&str]) = match (fenced, s.read_only) {
-            (true, false) => ("fence", &STOP),
-            (false, true) => ("unfence", &RESUME),
-            _ => continue,
+        let Some(change) = fence::writes(&ctx.cluster.fenced, &pod.name, s.read_only) else { continue };
+        let commands: &[&str] = match change {
+            fence::Writes::Stop => &STOP,
+            fence::Writes::Resume => &RESUME,
         };
-        let id =
-            format!("{verb}-{}-{}-r{}-{}", pod.name, ha::short_uid(&pod.uid), pod.restarts, r.started_at_ms);
+        let id = format!(
+            "{}-{}-{}-r{}-{}",
+            change.verb(),
+            pod.name,
+            ha::short_uid(&pod.uid),
+            pod.restarts,
+            r.started_at_ms
+        );
         actions.push(once(&id, &pod.name, psql(commands), TIMEOUT_MS));
     }
     actions

@@ -160,7 +160,7 @@ impl Member {
     }
 }
 
-/// The address `redis-cli --cluster` (rebalance, fix, del-node) is given for the server of
+/// The address `redis-cli --cluster` (rebalance, fix) is given for the server of
 /// `pod`, as `ip:port` (an IPv6 address without brackets: redis-cli splits at the last ':');
 /// None when no address is known. Never 127.0.0.1: redis-cli keeps the entry node at the
 /// address it was given and hands that address to the other servers as the `MIGRATE` target,
@@ -466,9 +466,12 @@ pub enum ScaleStep {
     /// `redis-cli --cluster rebalance` from `pod` over the masters that stay (the empty ones
     /// included), the nodes in `drain` (their ids) giving all their slots away.
     Rebalance { pod: String, drain: Vec<String> },
-    /// `redis-cli --cluster del-node` from `pod`: every node forgets `node`, the server of the
-    /// pod `gone` that holds nothing any more (it shuts down).
-    Forget { pod: String, gone: String, node: String },
+    /// `CLUSTER FORGET <node>` on each of `from` (the pods that stay and still list it): the
+    /// server of the pod `gone`, which holds nothing any more, is forgotten. Not `--cluster
+    /// del-node`: that also resets the server that goes, which then answers every client still
+    /// sent to it (its pod is in the Services until it stops) `CLUSTERDOWN Hash slot not
+    /// served`; left as it is, it sends them on with MOVED until its pod is gone.
+    Forget { from: Vec<String>, gone: String, node: String },
     /// `redis-cli --cluster fix` from `pod`: a migration stopped midway (its source failed
     /// over, say) is finished, its keys moved, before anything else moves.
     Fix { pod: String },
@@ -495,7 +498,7 @@ type Own<'a> = (&'a Member, &'a Node);
 /// - scale-in: a master whose pod goes hands its shard to a replica that stays when one does
 ///   (`CLUSTER FAILOVER`); otherwise, and for masters beyond `shards`, a rebalance gives their
 ///   slots (and keys) to the masters that stay; the replicas that stay are moved to masters
-///   short of them; the pods that go are forgotten (`--cluster del-node`), and only then may
+///   short of them; the pods that go are forgotten (`CLUSTER FORGET` on every server that stays), and only then may
 ///   the StatefulSet shrink.
 pub fn scale(members: &[Member], d: &Decision, pods: usize, shards: usize, per_shard: usize) -> Scale {
     let ordinal = |m: &Member| crate::roll::ordinal(&m.pod).and_then(|o| usize::try_from(o).ok());
@@ -606,15 +609,16 @@ pub fn scale(members: &[Member], d: &Decision, pods: usize, shards: usize, per_s
         return out;
     }
     // The pods that go, forgotten.
-    let listed = |id: &str| {
-        members
-            .iter()
-            .filter(|m| !goes(m))
-            .filter_map(Member::view)
-            .any(|v| v.nodes.iter().any(|n| n.id == id))
+    let listing = |id: &str| -> Vec<String> {
+        kept.iter()
+            .filter(|(m, _)| m.view().is_some_and(|v| v.nodes.iter().any(|n| n.id == id)))
+            .map(|(m, _)| m.pod.clone())
+            .collect()
     };
-    if let Some((g, gn)) = gone.iter().find(|(_, n)| listed(&n.id)) {
-        out.step = Some(ScaleStep::Forget { pod: first, gone: g.pod.clone(), node: gn.id.clone() });
+    if let Some((g, gn, from)) =
+        gone.iter().map(|(g, gn)| (g, gn, listing(&gn.id))).find(|(.., from)| !from.is_empty())
+    {
+        out.step = Some(ScaleStep::Forget { from, gone: g.pod.clone(), node: gn.id.clone() });
     }
     out
 }

@@ -8,6 +8,7 @@
 
 use serde_json::{json, Value};
 use stateward_sdk::builders::Ctx;
+use stateward_sdk::fence;
 use stateward_sdk::live::{
     failure, poll_exec, response, Live, LiveInput, PodView, Reading, Threshold, NO_ANSWER_YET,
 };
@@ -566,15 +567,20 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                     format!("a migration stopped midway on {pod} is finished (--cluster fix)"),
                 )
             }
-            cluster::ScaleStep::Forget { pod, gone, node } => {
-                let entry = cluster::entry(&members, pod, &port);
-                let at = entry.as_deref().unwrap_or_default();
+            cluster::ScaleStep::Forget { from, gone, node } => {
+                // Every server that lists it forgets it at once (a server that still knew it
+                // would tell the others again); the last request is the one waited for.
+                let id = |pod: &str| format!("cluster-forget-{}-{pod}", node.get(..12).unwrap_or(node));
+                let (last, others) = from.split_last().map_or((None, &[][..]), |(l, o)| (Some(l), o));
+                for pod in others {
+                    live.actions.push(once(id(pod), pod, cli(&["cluster", "forget", node]), TIMEOUT_MS));
+                }
                 (
-                    entry.is_some().then(|| format!("cluster-forget-{}", node.get(..12).unwrap_or(node))),
-                    pod.clone(),
-                    cli(&["--cluster", "del-node", at, node]),
-                    TIMEOUT_MS * 6,
-                    format!("every node forgets {gone}, which holds nothing now (--cluster del-node)"),
+                    last.map(|p| id(p)),
+                    last.cloned().unwrap_or_default(),
+                    cli(&["cluster", "forget", node]),
+                    TIMEOUT_MS,
+                    format!("every node forgets {gone}, which holds nothing now (CLUSTER FORGET)"),
                 )
             }
         };
@@ -703,15 +709,14 @@ fn fence_writes(ctx: &Ctx, input: &LiveInput, held: &[Option<bool>], poll: &str,
         if pod.deleting {
             continue;
         }
-        let fenced = ctx.cluster.fenced.contains(&pod.name);
-        let (verb, script) = match (fenced, held) {
-            (true, false) => (
-                "fence",
-                format!("CONFIG SET min-replicas-to-write {FENCED_MIN_REPLICAS}\nCLIENT KILL TYPE normal\n"),
-            ),
-            (false, true) => ("unfence", "CONFIG SET min-replicas-to-write 0\n".to_string()),
-            _ => continue,
+        let Some(change) = fence::writes(&ctx.cluster.fenced, &pod.name, held) else { continue };
+        let script = match change {
+            fence::Writes::Stop => {
+                format!("CONFIG SET min-replicas-to-write {FENCED_MIN_REPLICAS}\nCLIENT KILL TYPE normal\n")
+            }
+            fence::Writes::Resume => "CONFIG SET min-replicas-to-write 0\n".to_string(),
         };
+        let verb = change.verb();
         let answered = response(input.responses, &request_id(poll, pod)).map_or(0, |r| r.started_at_ms);
         actions.push(Action::Exec(ExecRequest {
             id: format!("{}-{answered}", request_id(verb, pod)),

@@ -354,13 +354,19 @@ pub fn desired<B: Blueprint>(
     (actions, image)
 }
 
-fn report<B: Blueprint>(ctx: Option<&Ctx>, d: &Derived) -> StatusReport {
+/// The status fields of a plan beside its phase and conditions (the plugin's own among them).
+fn status_fields<B: Blueprint>(ctx: Option<&Ctx>, d: &Derived) -> Map<String, Value> {
     let mut extra = Map::new();
     extra.insert("readyReplicas".into(), json!(d.ready_replicas));
     extra.insert("plugin".into(), json!(format!("{}@{}", B::NAME, B::VERSION)));
     if let Some(ctx) = ctx {
         extra.extend(B::status_extra(ctx, d));
     }
+    extra
+}
+
+fn report<B: Blueprint>(ctx: Option<&Ctx>, d: &Derived) -> StatusReport {
+    let extra = status_fields::<B>(ctx, d);
     StatusReport { phase: d.phase, conditions: d.conditions.clone(), extra: to_text(&Value::Object(extra)) }
 }
 
@@ -505,14 +511,12 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
     actions.extend(grown.iter().map(|claim| Action::Apply(to_text(claim))));
     actions.extend(live.actions);
     events.extend(live.events);
-    let mut status = report::<B>(Some(&ctx), &d);
-    if !live.status.is_empty() || !live.conditions.is_empty() {
-        let mut extra: Map<String, Value> = serde_json::from_str(&status.extra).unwrap_or_default();
-        extra.extend(live.status);
-        status.extra = to_text(&Value::Object(extra));
-        status.conditions.retain(|c| !live.conditions.iter().any(|l| l.type_ == c.type_));
-        status.conditions.extend(live.conditions);
-    }
+    let mut extra = status_fields::<B>(Some(&ctx), &d);
+    extra.extend(live.status);
+    let mut conditions = d.conditions.clone();
+    conditions.retain(|c| !live.conditions.iter().any(|l| l.type_ == c.type_));
+    conditions.extend(live.conditions);
+    let mut status = StatusReport { phase: d.phase, conditions, extra: to_text(&Value::Object(extra)) };
     let (fenced, fence_event) = crate::fence::report(&cluster.fenced, obj.get("status"));
     status.conditions.extend(fenced);
     events.extend(fence_event);
@@ -612,8 +616,7 @@ fn hibernate_plan<B: Blueprint>(cluster: &Cluster, obj: &Value, children: &[Valu
         });
     }
     let mut extra = kept_fields(status);
-    let report = report::<B>(Some(&ctx), &Derived { phase, conditions: conditions.clone(), ..d });
-    extra.extend(serde_json::from_str::<Map<String, Value>>(&report.extra).unwrap_or_default());
+    extra.extend(status_fields::<B>(Some(&ctx), &Derived { phase, conditions: conditions.clone(), ..d }));
     Plan {
         actions,
         status: StatusReport { phase, conditions, extra: to_text(&Value::Object(extra)) },

@@ -117,3 +117,33 @@ pub fn report(fenced: &[String], status: Option<&Value>) -> (Option<Condition>, 
     });
     (Some(cond(FENCED_CONDITION, ConditionStatus::True, "PodsFenced", message)), event)
 }
+
+/// What a server's writes need, from whether its pod is fenced and whether the server holds
+/// writes back now (as its plugin observed it): each plugin has its own way to stop writes and
+/// to take them again, and this one rule for when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writes {
+    /// Fenced and still taking writes: stop them.
+    Stop,
+    /// Not fenced (any more) and holding writes back: take them again.
+    Resume,
+}
+
+impl Writes {
+    /// `fence` or `unfence`, for request ids.
+    pub fn verb(self) -> &'static str {
+        match self {
+            Writes::Stop => "fence",
+            Writes::Resume => "unfence",
+        }
+    }
+}
+
+/// The change `pod`'s server needs (None: none), `held` saying whether it holds writes back.
+pub fn writes(fenced: &[String], pod: &str, held: bool) -> Option<Writes> {
+    match (fenced.iter().any(|p| p == pod), held) {
+        (true, false) => Some(Writes::Stop),
+        (false, true) => Some(Writes::Resume),
+        _ => None,
+    }
+}

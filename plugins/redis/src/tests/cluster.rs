@@ -473,7 +473,11 @@ fn scaling_adds_shards_and_moves_slots_then_drains_and_forgets_them() {
     let s = scale(&members, &d, 6, 3, 1);
     assert_eq!(
         s.step,
-        Some(ScaleStep::Forget { pod: "cache-0".into(), gone: "cache-6".into(), node: G.into() })
+        Some(ScaleStep::Forget {
+            from: (0..6).map(|i| format!("cache-{i}")).collect(),
+            gone: "cache-6".into(),
+            node: G.into()
+        })
     );
     assert_eq!(s.hold, Some(8));
     // Forgotten by every pod that stays: the StatefulSet may shrink.
@@ -620,12 +624,10 @@ fn slot_moves_name_the_entry_node_at_its_pods_address() {
         assert_eq!(after(command, "--cluster"), Some(sub), "{command:?}");
         assert_eq!(after(command, sub), Some(entry), "{id} in {pod}: {command:?}");
         assert!(!command.iter().any(|a| a.starts_with("127.0.0.1:")), "{command:?}");
-        if sub != "del-node" {
-            let t: u64 = after(command, "--cluster-timeout").unwrap().parse().unwrap();
-            assert!(t == MIGRATE_TIMEOUT_MS && t < NODE_TIMEOUT_MS, "{command:?}");
-            // redis-cli itself: the policies let the plugin run nothing else (no shell).
-            assert_eq!(command[0], "redis-cli", "{command:?}");
-        }
+        let t: u64 = after(command, "--cluster-timeout").unwrap().parse().unwrap();
+        assert!(t == MIGRATE_TIMEOUT_MS && t < NODE_TIMEOUT_MS, "{command:?}");
+        // redis-cli itself: the policies let the plugin run nothing else (no shell).
+        assert_eq!(command[0], "redis-cli", "{command:?}");
     };
 
     // 3 -> 4 shards: cache-6 joined as an empty master, cache-7 follows it.
@@ -671,13 +673,18 @@ fn slot_moves_name_the_entry_node_at_its_pods_address() {
     assert_eq!((m[0].0.as_str(), m[0].1.as_str()), ("cluster-fix-0", "cache-2"));
     check(&m[0], "fix", "10.0.0.3:6379");
 
-    // Drained: cache-6's node is forgotten, from cache-0.
+    // Drained: cache-6's node is forgotten by every server that stays, each told on its own
+    // (CLUSTER FORGET); the server that goes is not reset, so a client still sent to it is
+    // redirected (MOVED) rather than told CLUSTERDOWN.
     open[2].3 = "12288-16383";
     let m = moves(3, &open, &ips);
-    assert_eq!(m.len(), 1, "{m:?}");
-    assert_eq!(m[0].0, format!("cluster-forget-{}", &G[..12]));
-    check(&m[0], "del-node", "10.0.0.1:6379");
-    assert_eq!(m[0].2.last().map(String::as_str), Some(G));
+    let pods: Vec<&str> = m.iter().map(|(_, pod, _)| pod.as_str()).collect();
+    assert_eq!(pods, ["cache-0", "cache-1", "cache-2", "cache-3", "cache-4", "cache-5"], "{m:?}");
+    for (id, pod, command) in &m {
+        assert_eq!(*id, format!("cluster-forget-{}-{pod}", &G[..12]));
+        assert_eq!(command[command.len() - 3..], ["cluster", "forget", G], "{command:?}");
+        assert_eq!(after(command, "-h"), Some("127.0.0.1"), "{command:?}");
+    }
 
     // No address known for cache-0 (neither its pod nor its server's own line): no move at all.
     let mut unknown = grown;
