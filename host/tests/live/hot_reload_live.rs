@@ -172,6 +172,25 @@ async fn new_plugin_build_takes_over_under_load_and_bad_builds_are_refused() {
         })
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // The baseline, in this run and under the same churn: how long the operator takes from a
+    // new resource to its first child (its Services), as a reconcile on the old build does.
+    // On 2 cores beside the other live tests that alone varies from a fraction of a second
+    // to seconds; the swap is held to 2 s on top of it.
+    let base = "base";
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(env.client.clone(), &env.namespace);
+    let created = Instant::now();
+    apply(&env, &env.namespace, &cr(REDIS, base));
+    wait_some("the baseline resource's Services", Duration::from_secs(60), || {
+        let services = services.clone();
+        async move {
+            let selector = format!("{INSTANCE_LABEL}={base}");
+            let list = services.list(&ListParams::default().labels(&selector)).await.ok()?;
+            (!list.items.is_empty()).then_some(())
+        }
+    })
+    .await;
+    let baseline = created.elapsed();
     let failed_before = failed_reconciles(&op, "RedisCluster");
 
     let seen = watch_variant(&env);
@@ -194,22 +213,27 @@ async fn new_plugin_build_takes_over_under_load_and_bad_builds_are_refused() {
     // Measured from the moment the API server has the update.
     let updated = Instant::now();
     wait_some("every StatefulSet relabelled by the new build", Duration::from_secs(120), || {
-        let n = seen.lock().unwrap().len();
-        async move { (n == count).then_some(()) }
+        let done = {
+            let seen = seen.lock().unwrap();
+            names.iter().all(|n| seen.contains_key(n))
+        };
+        async move { done.then_some(()) }
     })
     .await;
     churn.store(false, Ordering::Relaxed);
     let changes = churner.join().unwrap();
-    let mut latencies: Vec<Duration> =
-        seen.lock().unwrap().values().map(|at| at.duration_since(updated)).collect();
+    let mut latencies: Vec<Duration> = {
+        let seen = seen.lock().unwrap();
+        names.iter().filter_map(|n| seen.get(n)).map(|at| at.duration_since(updated)).collect()
+    };
     latencies.sort();
     eprintln!(
-        "swap with {count} CRs under {changes} spec changes: first reconcile on the new build {:?} after the ConfigMap update; all {count}: p50 {:?}, p99 {:?}, max {:?}",
-        latencies[0], percentile(&latencies, 0.5), percentile(&latencies, 0.99), latencies[latencies.len() - 1]
+        "swap with {count} CRs under {changes} spec changes: first reconcile on the new build {:?} after the ConfigMap update ({:.2}x the baseline {baseline:?}, a new resource's first child under the same load); all {count}: p50 {:?}, p99 {:?}, max {:?}",
+        latencies[0], latencies[0].as_secs_f64() / baseline.as_secs_f64().max(0.001), percentile(&latencies, 0.5), percentile(&latencies, 0.99), latencies[latencies.len() - 1]
     );
     assert!(
-        latencies[0] <= Duration::from_secs(2),
-        "first reconcile on the new build after {:?}",
+        latencies[0] <= Duration::from_secs(2) + baseline,
+        "first reconcile on the new build after {:?}: more than 2 s over the baseline {baseline:?}",
         latencies[0]
     );
     tokio::time::sleep(Duration::from_secs(2)).await;

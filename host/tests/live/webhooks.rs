@@ -656,7 +656,7 @@ async fn cert_manager_mode_renders_its_certificates_and_serves_what_cert_manager
         .await?;
     e2e::apply(&env, &env.namespace, &POSTGRES.manifest("tlsdb", 1, "Retain"));
     let host = format!("tlsdb-rw.{}.svc", env.namespace);
-    let (leaf, took) =
+    let (_, took) =
         e2e::wait_for("tlsdb-tls issued by cert-manager's service CA", Duration::from_secs(60), || async {
             let secret =
                 secrets.get_opt("tlsdb-tls").await.map_err(|e| e.to_string())?.ok_or("no Secret yet")?;
@@ -676,16 +676,28 @@ async fn cert_manager_mode_renders_its_certificates_and_serves_what_cert_manager
         })
         .await;
     eprintln!("cert-manager CA: service certificate issued {took:.1?} after create");
-    let stamp = expected_stamp("tlsdb-tls", &leaf);
+    // Stamped from the certificate the Secret holds now: the first one seen may be issued
+    // again a moment later, once every Service of the instance is cached and named in it.
     let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = env.api();
     e2e::wait_for("the StatefulSet stamped", Duration::from_secs(30), || async {
+        let secret = secrets.get("tlsdb-tls").await.map_err(|e| e.to_string())?;
+        let leaf = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("tls.crt"))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .unwrap_or_default();
+        if !verifies_for(&leaf, &ca.pem(), &host) {
+            return Err(format!("the certificate now in tlsdb-tls does not verify for {host}"));
+        }
+        let stamp = expected_stamp("tlsdb-tls", &leaf);
         let sts = serde_json::to_value(sets.get("tlsdb").await.map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
         let got = sts["spec"]["template"]["metadata"]["annotations"]["stateward.dev/certificates-sha256"]
             .as_str()
             .unwrap_or_default()
             .to_string();
-        (got == stamp).then_some(()).ok_or(got)
+        (got == stamp).then_some(()).ok_or(format!("stamped {got}, the Secret's certificate {stamp}"))
     })
     .await;
     Ok(())
