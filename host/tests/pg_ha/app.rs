@@ -98,11 +98,17 @@ async fn the_app_secret_connects_over_tls_only_and_replication_is_for_members_on
     assert_eq!(s["pgpass"], format!("pg-rw:5432:shop:shop_owner:{password}\n"));
 
     // The URI works as given, over TLS, as the owner of its database.
-    let who = psql_as(
-        &env,
-        &s["uri"],
-        "select current_user, current_database(), ssl from pg_stat_ssl where pid = pg_backend_pid()",
-    );
+    // A connection that times out (a CI run this loaded once made one wait past psql's bound)
+    // is tried again, twice at most; any other answer is the one asserted.
+    let ask = "select current_user, current_database(), ssl from pg_stat_ssl where pid = pg_backend_pid()";
+    let mut who = psql_as(&env, &s["uri"], ask);
+    for _ in 0..2 {
+        if !matches!(&who, Err(e) if e.contains("timeout expired")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        who = psql_as(&env, &s["uri"], ask);
+    }
     assert_eq!(who.as_deref(), Ok("shop_owner|shop|t"));
     psql_as(&env, &s["uri"], "create table orders(id int primary key); insert into orders values (1)")
         .expect("the owner creates in its database");

@@ -368,8 +368,10 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Waits until the writer has `at_least` acknowledged writes (a warm-up before a fault). The
+/// bound is generous: beside the heavier real-pods tests a CI run saw 147 writes in 60 s.
 async fn wait_acks(env: &TestEnv, at_least: usize) {
-    wait_for(&format!("{at_least} acknowledged writes"), Duration::from_secs(60), || {
+    wait_for(&format!("{at_least} acknowledged writes"), Duration::from_secs(180), || {
         let n = client_sh(env, "cat /tmp/acks 2>/dev/null | wc -l").trim().parse::<usize>().unwrap_or(0);
         async move {
             if n >= at_least {
