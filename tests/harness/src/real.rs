@@ -93,7 +93,8 @@ impl RealPods {
         Self::enter_gated(test, prefix).await
     }
 
-    /// [`RealPods::enter`] for a test that changes the cluster for every namespace: it runs
+    /// [`RealPods::enter`] for a test that changes the cluster for every namespace, or that
+    /// loads the machine so much that the tests beside it would miss their bounds: it runs
     /// while no other real-pods test of this process does.
     pub async fn enter_exclusive(test: &str, prefix: &str) -> anyhow::Result<Option<TestEnv>> {
         if Self::inside() {
