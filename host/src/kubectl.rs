@@ -5,6 +5,7 @@
 //! member goes first, whether there is a primary at all) is the plugin's to decide, and a
 //! refusal comes back from its admission check with the field and the reason.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use anyhow::{bail, Context};
@@ -152,22 +153,30 @@ pub async fn promote(client: &Client, target: &Target, pod: &str) -> anyhow::Res
     ))
 }
 
-/// The pods the resource's [`FENCED_ANNOTATION`] lists now (an unreadable value: none).
-fn fenced(target: &Target) -> Vec<String> {
-    target
-        .object
-        .annotations()
-        .get(FENCED_ANNOTATION)
-        .and_then(|v| serde_json::from_str(v).ok())
-        .unwrap_or_default()
+/// The pods `annotations` fence, as the plugins read [`FENCED_ANNOTATION`] (a JSON list of pod
+/// names). An unreadable value is an error naming the annotation, not an empty list: `fence`
+/// would otherwise write over what a user put there.
+fn fenced(annotations: &BTreeMap<String, String>) -> anyhow::Result<Vec<String>> {
+    let Some(text) = annotations.get(FENCED_ANNOTATION) else { return Ok(Vec::new()) };
+    serde_json::from_str(text).with_context(|| {
+        format!(
+            "metadata.annotations[{FENCED_ANNOTATION}] is {text:?}, not a JSON list of pod names such as \
+             [\"db-1\"]: correct it, or `unfence` with no pod to clear it"
+        )
+    })
+}
+
+/// The annotation's new value: the list as JSON text, or null (removed) when no pod is fenced.
+fn fenced_value(list: &[String]) -> anyhow::Result<Value> {
+    Ok(if list.is_empty() { Value::Null } else { json!(serde_json::to_string(list)?) })
 }
 
 /// `fence`: adds `pods`, each a member of the resource, to [`FENCED_ANNOTATION`].
 pub async fn fence(client: &Client, target: &Target, pods: &[String]) -> anyhow::Result<String> {
+    let mut list = fenced(target.object.annotations())?;
     for pod in pods {
         member(client, target, pod).await?;
     }
-    let mut list = fenced(target);
     list.extend(pods.iter().cloned());
     list.sort();
     list.dedup();
@@ -179,10 +188,14 @@ pub async fn fence(client: &Client, target: &Target, pods: &[String]) -> anyhow:
     ))
 }
 
-/// `unfence`: takes `pods` (every pod when empty) off [`FENCED_ANNOTATION`].
+/// `unfence`: takes `pods` (every pod when empty, whatever the annotation holds) off
+/// [`FENCED_ANNOTATION`].
 pub async fn unfence(target: &Target, pods: &[String]) -> anyhow::Result<String> {
-    let list: Vec<String> =
-        fenced(target).into_iter().filter(|p| !pods.is_empty() && !pods.contains(p)).collect();
+    let list: Vec<String> = if pods.is_empty() {
+        Vec::new()
+    } else {
+        fenced(target.object.annotations())?.into_iter().filter(|p| !pods.contains(p)).collect()
+    };
     set_fenced(target, &list).await?;
     Ok(if list.is_empty() {
         format!("{}: no pod fenced", target.describe())
@@ -192,7 +205,7 @@ pub async fn unfence(target: &Target, pods: &[String]) -> anyhow::Result<String>
 }
 
 async fn set_fenced(target: &Target, list: &[String]) -> anyhow::Result<()> {
-    let value = if list.is_empty() { Value::Null } else { json!(serde_json::to_string(list)?) };
+    let value = fenced_value(list)?;
     patch(target, json!({ "metadata": { "annotations": { FENCED_ANNOTATION: value } } })).await
 }
 
@@ -311,6 +324,35 @@ mod tests {
             type_: Some("Normal".into()),
             ..Event::default()
         }
+    }
+
+    /// The host cannot use the sdk (it knows no service), so the annotation's format is written
+    /// in both: what `fence` writes is what every plugin reads, and what a plugin refuses the
+    /// host refuses too.
+    #[test]
+    fn the_fence_annotation_is_written_as_the_plugins_read_it_and_bad_values_are_refused() {
+        assert_eq!(FENCED_ANNOTATION, stateward_sdk::fence::FENCED_ANNOTATION);
+        let list = vec!["db-0".to_string(), "db-2".to_string()];
+        let value = fenced_value(&list).unwrap();
+        let object = json!({"metadata": {"annotations": {FENCED_ANNOTATION: value}}});
+        let mut errs = Vec::new();
+        assert_eq!(stateward_sdk::fence::parse(&object, &mut errs), list);
+        assert!(errs.is_empty(), "{errs:?}");
+        let annotations =
+            BTreeMap::from([(FENCED_ANNOTATION.to_string(), value.as_str().unwrap().to_string())]);
+        assert_eq!(fenced(&annotations).unwrap(), list);
+        assert_eq!(fenced(&BTreeMap::new()).unwrap(), Vec::<String>::new());
+        assert_eq!(fenced_value(&[]).unwrap(), Value::Null);
+
+        let bad = BTreeMap::from([(FENCED_ANNOTATION.to_string(), "db-1".to_string())]);
+        let err = format!("{:#}", fenced(&bad).unwrap_err());
+        assert!(
+            err.contains("metadata.annotations[stateward.dev/fenced-instances]") && err.contains("\"db-1\""),
+            "{err}"
+        );
+        let object = json!({"metadata": {"annotations": {FENCED_ANNOTATION: "db-1"}}});
+        stateward_sdk::fence::parse(&object, &mut errs);
+        assert_eq!(errs.len(), 1, "the plugins refuse it too: {errs:?}");
     }
 
     #[test]
