@@ -69,25 +69,32 @@ fn kubectl_apply(env: &TestEnv, yaml: &str) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// Reconciles of `controller` that ended with one of `results` (labels of
-/// `stateward_reconcile_total`).
-fn reconciles_ending(op: &Operator, controller: &str, results: &[&str]) -> f64 {
+/// Reconciles of `controller` whose result (the `result` label of `stateward_reconcile_total`)
+/// `counts`.
+fn reconciles_ending(op: &Operator, controller: &str, counts: impl Fn(&str) -> bool) -> f64 {
     let (_, text) = op.get("/metrics").unwrap();
     text.lines()
         .filter(|l| {
-            l.starts_with("stateward_reconcile_total{")
-                && l.contains(&format!("controller=\"{controller}\""))
-                && results.iter().any(|r| l.contains(&format!("result=\"{r}\"")))
+            l.starts_with("stateward_reconcile_total{") && l.contains(&format!("controller=\"{controller}\""))
         })
+        .filter(|l| l.split("result=\"").nth(1).and_then(|r| r.split('"').next()).is_some_and(&counts))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
 
-/// What a swap could break: the plugin failing or the reconcile panicking. Conflicts with the
-/// churn and a leadership lost on a loaded machine (`api_error`, `not_leader`) are counted
-/// apart and printed; they happen with or without a swap.
-const SWAP_FAILURES: &[&str] = &["plugin_failed", "panicked"];
+/// Failures that happen with or without a swap on a loaded machine: conflicts with the churn,
+/// a leadership lost, a cache relisting. Counted apart and printed.
 const OTHER_FAILURES: &[&str] = &["api_error", "not_leader", "cache_not_ready"];
+
+/// Every other failure is one a swap could cause (the plugin failing, a plan the policy denies,
+/// a bad rendered object, a panic): none may happen during it.
+fn swap_failure(result: &str) -> bool {
+    result != "success" && !OTHER_FAILURES.contains(&result)
+}
+
+fn other_failure(result: &str) -> bool {
+    OTHER_FAILURES.contains(&result)
+}
 
 /// `wait_for` for checks that answer `None` until done.
 async fn wait_some<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> (T, Duration)
@@ -199,8 +206,8 @@ async fn new_plugin_build_takes_over_under_load_and_bad_builds_are_refused() {
     })
     .await;
     let baseline = created.elapsed();
-    let failed_before = reconciles_ending(&op, "RedisCluster", SWAP_FAILURES);
-    let other_before = reconciles_ending(&op, "RedisCluster", OTHER_FAILURES);
+    let failed_before = reconciles_ending(&op, "RedisCluster", swap_failure);
+    let other_before = reconciles_ending(&op, "RedisCluster", other_failure);
 
     let seen = watch_variant(&env);
     let next = support::wasm_with_features("fixture-redis-variant", &[]);
@@ -248,10 +255,10 @@ async fn new_plugin_build_takes_over_under_load_and_bad_builds_are_refused() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     eprintln!(
         "reconciles that failed during the swap for other reasons (conflicts with the churn, leadership lost under load): {}",
-        reconciles_ending(&op, "RedisCluster", OTHER_FAILURES) - other_before
+        reconciles_ending(&op, "RedisCluster", other_failure) - other_before
     );
     assert_eq!(
-        reconciles_ending(&op, "RedisCluster", SWAP_FAILURES),
+        reconciles_ending(&op, "RedisCluster", swap_failure),
         failed_before,
         "reconciles failed during the swap:\n{}",
         op.log_tail(40)
