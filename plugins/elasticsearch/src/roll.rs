@@ -33,14 +33,15 @@ pub struct Seen {
 
 /// The outdated pods, in the order they are replaced: non-master sets first, master-eligible
 /// sets last; within a set the highest ordinal first. Only pods the spec keeps count (a
-/// leaving pod is the drain's), and only once the set's StatefulSet has its update revision.
+/// leaving pod is the drain's), and only once every set's StatefulSet has its update revision:
+/// a set whose new template is not seen yet may have pods to replace before the others.
 pub fn outdated(ctx: &Ctx, input: &LiveInput) -> Vec<String> {
     let mut sets = node_sets(ctx.cluster);
     sets.sort_by_key(|s| s.master());
     let mut out = Vec::new();
     for ns in sets {
         let sts = member_set(&ns).statefulset(ctx);
-        let Some(revision) = input.update_revisions.get(&sts) else { continue };
+        let Some(revision) = input.update_revisions.get(&sts) else { return Vec::new() };
         let mut pods: Vec<(i64, &str)> = input
             .pods
             .iter()

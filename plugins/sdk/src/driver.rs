@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 use crate::builders::objects::{self, Port};
 use crate::builders::statefulset::{self, ContainerSpec};
 use crate::builders::volumes;
-use crate::builders::{Ctx, MemberSet, DATA_VOLUME, INSTANCE_LABEL};
+use crate::builders::{Ctx, MemberSet, DATA_VOLUME, INSTANCE_LABEL, TEMPLATE_HASH_ANNOTATION};
 use crate::json::{fnv1a, str_at, to_text};
 use crate::params::{check_parameters, ParamRule};
 use crate::spec::{parse_cluster, parse_object, parse_quantity, version_numbers, Cluster, Retention};
@@ -410,18 +410,23 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
     let sets = B::member_sets(&ctx);
     let statefulsets: Vec<Option<&Value>> =
         sets.iter().map(|set| find_child(&children, "StatefulSet", &set.statefulset(&ctx))).collect();
+    let claim_size = |name: &str| find_child(&children, "StatefulSet", name).and_then(volumes::template_size);
+    // The pod templates this reconcile renders, to tell a cached StatefulSet that has them.
+    let templates = template_hashes(&desired::<B>(&ctx, &sets, claim_size).0);
+    let revision =
+        |name: &str| crate::live::update_revision(&children, name, templates.get(name).map(String::as_str));
     // The running service first: what it adds before the pods goes in ahead of the StatefulSet.
     let mut live = B::live(
         &ctx,
         &crate::live::LiveInput {
             pods: crate::live::pods(&children),
             services: crate::live::services(&children),
-            update_revision: crate::live::update_revision(&children, ctx.name()),
+            update_revision: revision(ctx.name()),
             update_revisions: sets
                 .iter()
                 .filter_map(|set| {
                     let name = set.statefulset(&ctx);
-                    crate::live::update_revision(&children, &name).map(|r| (name, r))
+                    revision(&name).map(|r| (name, r))
                 })
                 .collect(),
             responses: &input.responses,
@@ -459,9 +464,7 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
             set.replicas = h;
         }
     }
-    let (mut actions, image) = desired::<B>(&ctx, &applied, |name| {
-        find_child(&children, "StatefulSet", name).and_then(volumes::template_size)
-    });
+    let (mut actions, image) = desired::<B>(&ctx, &applied, claim_size);
     let at =
         actions.iter().position(|a| matches!(a, Action::Apply(t) if t.contains("\"kind\":\"StatefulSet\"")));
     let at = at.unwrap_or(actions.len());
@@ -525,6 +528,24 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
         (a, b) => a.or(b),
     };
     Ok(Plan { actions, status, events, requeue_after_ms })
+}
+
+/// Each rendered StatefulSet's name and pod-template hash.
+fn template_hashes(actions: &[Action]) -> std::collections::BTreeMap<String, String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Apply(text) if text.contains("\"kind\":\"StatefulSet\"") => {
+                serde_json::from_str::<Value>(text).ok()
+            }
+            _ => None,
+        })
+        .filter_map(|sts| {
+            let name = str_at(&sts, &["metadata", "name"])?.to_string();
+            let hash = str_at(&sts, &["metadata", "annotations", TEMPLATE_HASH_ANNOTATION])?.to_string();
+            Some((name, hash))
+        })
+        .collect()
 }
 
 /// The sizes grown claims ask for, each once.

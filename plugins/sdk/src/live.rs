@@ -8,6 +8,7 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::builders::TEMPLATE_HASH_ANNOTATION;
 use crate::json::str_at;
 use crate::types::*;
 
@@ -90,11 +91,19 @@ pub fn pods(children: &[Value]) -> Vec<PodView> {
 }
 
 /// The revision the StatefulSet `name` among `children` makes new pods from, once its
-/// controller has seen its latest spec (None before: which pods are outdated is not known yet).
-pub fn update_revision(children: &[Value], name: &str) -> Option<String> {
+/// controller has seen its latest spec and the cache holds the pod template the plugin renders
+/// now, `template_hash` (None before: which pods are outdated is not known yet). The cache may
+/// lag one StatefulSet behind another after an apply; a plugin rolling several sets in an
+/// order would otherwise take a set not seen yet for one with nothing to roll. A StatefulSet
+/// without the hash (made by an earlier version, until its next apply) is taken as it is.
+pub fn update_revision(children: &[Value], name: &str, template_hash: Option<&str>) -> Option<String> {
     let sts = children.iter().find(|c| {
         str_at(c, &["kind"]) == Some("StatefulSet") && str_at(c, &["metadata", "name"]) == Some(name)
     })?;
+    let seen = str_at(sts, &["metadata", "annotations", TEMPLATE_HASH_ANNOTATION]);
+    if seen.is_some_and(|seen| template_hash.is_some_and(|want| want != seen)) {
+        return None;
+    }
     let generation = sts.pointer("/metadata/generation").and_then(Value::as_i64)?;
     let observed = sts.pointer("/status/observedGeneration").and_then(Value::as_i64)?;
     let revision = str_at(sts, &["status", "updateRevision"]).filter(|r| !r.is_empty())?;

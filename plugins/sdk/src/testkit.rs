@@ -661,12 +661,16 @@ macro_rules! plugin_suite {
             #[test]
             fn a_restart_request_changes_only_the_pod_template_annotation() {
                 const KEY: &str = "stateward.dev/restarted-at";
-                let before = tk::find(&plan(&base(), &[]), "StatefulSet");
+                const HASH: &str = "stateward.dev/template-hash";
+                let mut before = tk::find(&plan(&base(), &[]), "StatefulSet");
                 let mut asked = base();
                 asked["metadata"]["annotations"] = json!({ KEY: "2026-12-04T10:00:00Z" });
                 let mut after = tk::find(&plan(&asked, &[]), "StatefulSet");
                 let annotations = after["spec"]["template"]["metadata"]["annotations"].as_object_mut().unwrap();
                 assert_eq!(annotations.remove(KEY), Some(json!("2026-12-04T10:00:00Z")));
+                // The StatefulSet's hash of its pod template follows the template.
+                let (old, new) = (before["metadata"]["annotations"][HASH].take(), after["metadata"]["annotations"][HASH].take());
+                assert!(old.is_string() && new.is_string() && old != new, "{old} {new}");
                 assert_eq!(after, before, "nothing else of the StatefulSet changes");
 
                 asked["metadata"]["annotations"][KEY] = json!("two words");

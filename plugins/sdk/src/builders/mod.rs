@@ -15,6 +15,10 @@ use crate::spec::{Cluster, Resources};
 pub const INSTANCE_LABEL: &str = "stateward.dev/instance";
 /// Pod-template annotation with the hash of the generated configuration: a change rolls the pods.
 pub const CONFIG_HASH_ANNOTATION: &str = "stateward.dev/config-hash";
+/// StatefulSet annotation (on the object, not its pod template, so it rolls no pod) with the
+/// hash of the pod template the plugin rendered: a cached StatefulSet carrying another hash
+/// has not been seen since the last apply, and its revisions say nothing of the new template.
+pub const TEMPLATE_HASH_ANNOTATION: &str = "stateward.dev/template-hash";
 /// Name of the data volume (and so PVCs are `data-<name>-<ordinal>`).
 pub const DATA_VOLUME: &str = "data";
 /// Where the generated configuration is mounted.

@@ -3,7 +3,11 @@
 use serde_json::{json, Value};
 
 use super::objects::Port;
-use super::{Ctx, MemberSet, CONFIG_DIR, CONFIG_HASH_ANNOTATION, DATA_VOLUME, SET_LABEL, TLS_DIR};
+use super::{
+    Ctx, MemberSet, CONFIG_DIR, CONFIG_HASH_ANNOTATION, DATA_VOLUME, SET_LABEL, TEMPLATE_HASH_ANNOTATION,
+    TLS_DIR,
+};
+use crate::json::{fnv1a, to_text};
 use crate::spec::{parse_quantity, ResourceList, Resources, RESTARTED_AT_ANNOTATION};
 
 /// Resources used when the spec leaves them out: limits are always set (policy requires them).
@@ -257,10 +261,19 @@ pub fn stateful_set(
     for (k, v) in &set.pod_labels {
         pod_labels.insert(k.clone(), json!(v));
     }
+    let template = json!({
+        "metadata": {
+            "labels": pod_labels,
+            "annotations": template_annotations(ctx, config_hash),
+        },
+        "spec": pod_spec,
+    });
+    let mut metadata = ctx.metadata(&set.statefulset(ctx));
+    metadata["annotations"] = json!({ TEMPLATE_HASH_ANNOTATION: fnv1a(to_text(&template).as_bytes()) });
     json!({
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": ctx.metadata(&set.statefulset(ctx)),
+        "metadata": metadata,
         "spec": {
             "replicas": set.replicas,
             "serviceName": ctx.headless(),
@@ -282,13 +295,7 @@ pub fn stateful_set(
                 "whenDeleted": "Retain",
                 "whenScaled": "Retain",
             },
-            "template": {
-                "metadata": {
-                    "labels": pod_labels,
-                    "annotations": template_annotations(ctx, config_hash),
-                },
-                "spec": pod_spec,
-            },
+            "template": template,
             "volumeClaimTemplates": [{
                 "metadata": { "name": DATA_VOLUME, "labels": claim_labels },
                 "spec": claim_spec,
