@@ -61,7 +61,22 @@ pub fn parse_sentinel(answer: &str) -> Option<SentinelView> {
         flags: field("flags").unwrap_or_default(),
         other_sentinels: field("num-other-sentinels").and_then(|n| n.parse().ok()).unwrap_or(0),
         quorum: field("quorum").and_then(|n| n.parse().ok()).unwrap_or(0),
+        failover_state: field("failover-state").unwrap_or_default(),
     })
+}
+
+/// The target of a switchover under way once its failover has promoted it: the target's
+/// Sentinel, which the plugin asked to fail over and so leads it, has told it to be the master
+/// or names it already (see [`roles::decide_promoted`], which also wants the target to answer
+/// as a master).
+fn switchover_promoted(input: &LiveInput, members: &[Member]) -> Option<String> {
+    let st = switchover::State::from_status(input.status);
+    if st.phase != "FailingOver" {
+        return None;
+    }
+    let leader = members.iter().find(|m| m.pod == st.to)?.sentinel.as_ref()?.as_ref().ok()?;
+    let names_it = roles::pod_of(&leader.master_host, members) == Some(st.to.as_str());
+    (leader.promotion_sent() || names_it).then_some(st.to)
 }
 
 /// The poll of one incarnation of a pod (a pod made again, or a restarted container, is asked
@@ -158,7 +173,7 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         members.push(m);
     }
     let previous = input.status.and_then(|s| s.get("master")).and_then(Value::as_str);
-    let d = roles::decide(&members, previous);
+    let d = roles::decide_promoted(&members, previous, switchover_promoted(input, &members).as_deref());
     let held: Vec<Option<bool>> = members
         .iter()
         .map(|m| m.server.as_ref().and_then(|s| s.as_ref().ok()).map(|i| i.writes_held))
@@ -209,7 +224,7 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         let answers = input
             .responses
             .iter()
-            .filter(|r| r.id.starts_with("switchover-"))
+            .filter(|r| r.id.starts_with("switchover-") && !r.id.starts_with(switchover::OFFSET_PREFIX))
             // No answer in time is no answer: Sentinel may still fail over (or the old master
             // follow), so it fails nothing; the switchover's own timeout bounds the wait.
             .filter(|r| r.code.is_some() || r.error.as_deref().is_some_and(|e| !e.contains("timeout")))
@@ -229,15 +244,29 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
             .iter()
             .zip(&members)
             .filter_map(|(pod, m)| {
-                let i = m.server.as_ref()?.as_ref().ok()?;
-                let asked_at_ms = response(input.responses, &request_id("info", pod))?.started_at_ms;
-                Some((
-                    m.pod.clone(),
-                    switchover::Server { master: i.role == "master", offset: i.offset, asked_at_ms },
-                ))
+                let polled = m.server.as_ref().and_then(|a| a.as_ref().ok()).and_then(|i| {
+                    let asked_at_ms = response(input.responses, &request_id("info", pod))?.started_at_ms;
+                    Some(switchover::Server { master: i.role == "master", offset: i.offset, asked_at_ms })
+                });
+                // The switchover's own one-shot reads count as polls; the latest one wins.
+                let prefix = format!("{}{}-", switchover::OFFSET_PREFIX, pod.name);
+                let asked =
+                    input.responses.iter().filter(|r| r.id.starts_with(&prefix) && r.succeeded()).filter_map(
+                        |r| {
+                            let i = parse(&r.stdout)?;
+                            Some(switchover::Server {
+                                master: i.role == "master",
+                                offset: i.offset,
+                                asked_at_ms: r.started_at_ms,
+                            })
+                        },
+                    );
+                let latest = polled.into_iter().chain(asked).max_by_key(|s| s.asked_at_ms)?;
+                Some((m.pod.clone(), latest))
             })
             .collect();
         let view = switchover::View {
+            agreed: d.agreed,
             master: d.master.as_deref(),
             replicas: &replicas,
             pods: &pods,
@@ -246,7 +275,10 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         let annotation = input.annotation(switchover::ANNOTATION);
         let mut prev = switchover::State::from_status(input.status);
         let newly_asked = annotation.map(str::trim).is_some_and(|a| !a.is_empty() && a != prev.asked);
-        if !prev.active() && !newly_asked {
+        // A roll step waits for every answering Sentinel to name the master: right after a
+        // switchover some have not heard of it yet, and a pod deleted then would be counted
+        // by them as the master they know.
+        if !prev.active() && !newly_asked && d.agreed {
             match roll::next(
                 &roll_pods(input, &d),
                 ctx.cluster.spec.replicas,
@@ -897,9 +929,18 @@ mod tests {
                 master_host: "cache-1.cache-headless".into(),
                 flags: "master".into(),
                 other_sentinels: 2,
-                quorum: 2
+                quorum: 2,
+                failover_state: String::new(),
             })
         );
+        let leading = answer.replace(
+            "flags\nmaster\n",
+            "flags\nmaster,failover_in_progress\nfailover-state\nreconf_slaves\n",
+        );
+        let view = parse_sentinel(&leading).unwrap();
+        assert!(view.promotion_sent() && view.failover_state == "reconf_slaves");
+        let choosing = leading.replace("reconf_slaves", "select_slave");
+        assert!(!parse_sentinel(&choosing).unwrap().promotion_sent());
         assert_eq!(parse_sentinel("ERR No such master with that name\n"), None);
         // A value that happens to be "ip" is not taken for the field name.
         assert_eq!(parse_sentinel("name\nip\nrunid\nx\n"), None);

@@ -43,6 +43,18 @@ pub struct SentinelView {
     pub other_sentinels: u64,
     /// The quorum it was given.
     pub quorum: u64,
+    /// The step of a failover this Sentinel leads (`failover-state`; empty when none is).
+    pub failover_state: String,
+}
+
+impl SentinelView {
+    /// This Sentinel leads a failover that has told the chosen replica to become the master
+    /// (`wait_promotion`: it reads the replica's role once a second) or seen it do so: once
+    /// that replica answers as the master, what is left (the other replicas, then the new
+    /// address) follows from it; the only way back is the failover timing out unseen.
+    pub fn promotion_sent(&self) -> bool {
+        matches!(self.failover_state.as_str(), "wait_promotion" | "reconf_slaves" | "update_config")
+    }
 }
 
 /// A pod and what it answered.
@@ -78,6 +90,8 @@ pub struct Decision {
     pub named: Option<String>,
     /// How many Sentinels name it, of how many answered.
     pub votes: (usize, usize),
+    /// Every Sentinel that answered names the master (true when none answered).
+    pub agreed: bool,
     /// The role label of every pod (None: no label).
     pub roles: Vec<(String, Option<&'static str>)>,
     /// Each replica's bytes behind the master (None: not known).
@@ -88,10 +102,19 @@ pub struct Decision {
 
 /// Decides from `members`; `previous` is the master status named last time.
 pub fn decide(members: &[Member], previous: Option<&str>) -> Decision {
+    decide_promoted(members, previous, None)
+}
+
+/// [`decide`], where `promoted` is a pod a failover the plugin asked for is promoting (see
+/// [`SentinelView::promotion_sent`]): it is named, if it answers as a master, before the
+/// Sentinels have moved to it (that takes them a second or two more, the write gap of a
+/// switchover).
+pub fn decide_promoted(members: &[Member], previous: Option<&str>, promoted: Option<&str>) -> Decision {
     let mut d = Decision {
         master: None,
         named: None,
         votes: (0, 0),
+        agreed: false,
         roles: Vec::new(),
         lag: BTreeMap::new(),
         condition: Condition {
@@ -102,12 +125,17 @@ pub fn decide(members: &[Member], previous: Option<&str>) -> Decision {
         },
         events: Vec::new(),
     };
+    // A pod going away neither votes nor is voted for: its Sentinel stops with it, and a
+    // Sentinel still naming it has not heard of the failover that made another the master
+    // (a roll deletes the old master's pod right after its switchover; counting those stale
+    // votes took the master label off the new master for two seconds).
     let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
     let mut answered = 0;
-    for m in members {
+    for m in members.iter().filter(|m| !m.deleting) {
         if let Some(Ok(s)) = &m.sentinel {
             answered += 1;
-            if let Some(p) = pod_of(&s.master_host, members) {
+            let named = pod_of(&s.master_host, members);
+            if let Some(p) = named.filter(|p| members.iter().any(|m| m.pod == *p && !m.deleting)) {
                 *votes.entry(p).or_default() += 1;
             }
         }
@@ -126,10 +154,16 @@ pub fn decide(members: &[Member], previous: Option<&str>) -> Decision {
         }
         _ => None,
     };
+    let answers_master = |p: &str| {
+        members.iter().any(|m| m.pod == p && !m.deleting && m.info().is_some_and(|i| i.role == "master"))
+    };
+    if let Some(p) = promoted.filter(|p| answers_master(p)) {
+        d.named = Some(p.to_string());
+    }
     d.votes = (best, answered);
-    d.master = d.named.clone().filter(|n| {
-        members.iter().any(|m| &m.pod == n && !m.deleting && m.info().is_some_and(|i| i.role == "master"))
-    });
+    d.master = d.named.clone().filter(|n| answers_master(n));
+    d.agreed = answered == 0
+        || (best == answered && leaders.len() == 1 && d.master.as_deref() == leaders.first().copied());
     // One slow or failed answer does not take the master out of its Services (seen on a loaded
     // node: a poll timing out emptied `-master` for a moment, and a client's next connection was
     // refused). The master confirmed last stays while its pod is not going away, it has not

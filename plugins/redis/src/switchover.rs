@@ -6,8 +6,9 @@
 //! first (`CONFIG SET replica-priority 1` on it, 100 on the other replicas), then, once the
 //! Sentinels can have read it (they ask each replica `INFO` every 10 s: [`PRIORITY_SEEN_MS`]),
 //! the old master stops taking writes (`CLIENT PAUSE WRITE`: they wait, they are not refused),
-//! and once the target has every byte the old master wrote (offsets polled after the pause),
-//! its Sentinel is asked to fail over.
+//! and once the target has every byte the old master wrote (offsets read after the pause: both
+//! servers are asked once as soon as the pause is answered, [`Request::Offset`], and the polls
+//! go on meanwhile), its Sentinel is asked to fail over.
 //!
 //! Sentinel makes the old master a replica of the new one only some seconds after the
 //! failover (it waits to hear of newer configurations first): until then the old master
@@ -112,6 +113,9 @@ pub enum Request {
     Priority { pod: String, priority: u32, id: String },
     /// `CLIENT PAUSE <PAUSE_MS> WRITE` on the old master.
     Pause { pod: String, id: String },
+    /// `INFO` of `pod`'s server, once, as soon as the pause is answered: writes
+    /// wait on the target's catch-up, and the next poll may be half a second away.
+    Offset { pod: String, id: String },
     /// `SENTINEL FAILOVER`, to the Sentinel of `pod`.
     Failover { pod: String, id: String },
     /// The old master `pod` becomes a replica of the pod `of`, its clients are disconnected
@@ -152,6 +156,8 @@ pub struct View<'a> {
     pub pods: &'a [String],
     /// What each pod's server answered last (absent: no answer).
     pub servers: &'a BTreeMap<String, Server>,
+    /// Every Sentinel that answered names the master.
+    pub agreed: bool,
 }
 
 fn priority_id(pod: &str, st: &State, priority: u32) -> String {
@@ -160,6 +166,13 @@ fn priority_id(pod: &str, st: &State, priority: u32) -> String {
 
 fn pause_id(st: &State) -> String {
     format!("switchover-pause-{}-{}", st.from, st.started_at_ms)
+}
+
+/// The ids of [`Request::Offset`] start with this, then the pod's name and `-`.
+pub const OFFSET_PREFIX: &str = "switchover-offset-";
+
+fn offset_id(pod: &str, st: &State) -> String {
+    format!("{OFFSET_PREFIX}{pod}-{}-{}", st.started_at_ms, st.paused_at_ms)
 }
 
 fn failover_id(st: &State) -> String {
@@ -288,6 +301,15 @@ pub fn step(
         let old_follows = st.from.is_empty()
             || !view.pods.contains(&st.from)
             || view.servers.get(&st.from).is_some_and(|o| !o.master);
+        if old_follows && !view.agreed && now_ms.saturating_sub(st.started_at_ms) <= TIMEOUT_MS {
+            // Writes flow to the target already; done once no Sentinel names another pod (the
+            // plugin named the target as soon as its failover's leader saw it promoted).
+            st.message =
+                format!("{} is the master and {} its replica; the Sentinels move to it", st.to, st.from);
+            s.wake_in_ms = Some(500);
+            s.state = st;
+            return s;
+        }
         if old_follows {
             let took = now_ms.saturating_sub(st.started_at_ms);
             let message = if st.from.is_empty() {
@@ -365,6 +387,9 @@ pub fn step(
         }
         s.requests.push(Request::Pause { pod: st.from.clone(), id });
         if st.paused_at_ms > 0 {
+            for pod in [&st.from, &st.to] {
+                s.requests.push(Request::Offset { pod: pod.clone(), id: offset_id(pod, &st) });
+            }
             // Both offsets from polls started after the pause: nothing is written in between.
             let after = |p: &str| view.servers.get(p).filter(|v| v.asked_at_ms > st.paused_at_ms);
             match (after(&st.from), after(&st.to)) {
@@ -425,6 +450,10 @@ pub fn exec(r: &Request, headless: &str, timeout_ms: u32) -> ExecRequest {
             ["client", "pause", &PAUSE_MS.to_string(), "write"].map(String::from).to_vec(),
             None,
         ),
+        Request::Offset { pod, id } => {
+            // All of INFO, as the polls ask: the same parse reads both.
+            (pod, id, server, vec!["info".to_string()], None)
+        }
         Request::Failover { pod, id } => {
             let args = ["sentinel", "failover", sentinel::MASTER_NAME].map(String::from);
             (pod, id, sentinel::PORT.to_string(), args.to_vec(), None)

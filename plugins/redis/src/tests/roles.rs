@@ -12,7 +12,13 @@ fn replica_of(host: &str, up: bool, offset: u64) -> Option<Result<Info, String>>
 }
 
 fn names(host: &str) -> Option<Result<SentinelView, String>> {
-    Some(Ok(SentinelView { master_host: host.into(), flags: "master".into(), other_sentinels: 2, quorum: 2 }))
+    Some(Ok(SentinelView {
+        master_host: host.into(),
+        flags: "master".into(),
+        other_sentinels: 2,
+        quorum: 2,
+        failover_state: String::new(),
+    }))
 }
 
 fn member(
@@ -28,6 +34,27 @@ const H1: &str = "c-1.c-headless";
 
 fn roles(d: &crate::roles::Decision) -> Vec<Option<&str>> {
     d.roles.iter().map(|(_, r)| *r).collect()
+}
+
+#[test]
+fn a_pod_promoted_by_a_failover_the_plugin_asked_for_is_named_before_the_sentinels_move() {
+    // The switchover asked c-1's Sentinel to fail over; it promoted c-1 and has not switched
+    // the address yet, nor have the others.
+    let members = [
+        member("c-0", master(500), names(H0)),
+        member("c-1", master(500), names(H0)),
+        member("c-2", replica_of(H0, true, 500), names(H0)),
+    ];
+    let d = crate::roles::decide_promoted(&members, Some("c-0"), Some("c-1"));
+    assert_eq!(d.master.as_deref(), Some("c-1"));
+    assert!(!d.agreed, "every Sentinel still names c-0");
+    assert_eq!(roles(&d), [None, Some("master"), None], "c-0 is not a replica of c-1 yet");
+    // Not while the promoted pod does not answer as a master.
+    let members =
+        [member("c-0", master(500), names(H0)), member("c-1", replica_of(H0, true, 500), names(H0))];
+    let d = crate::roles::decide_promoted(&members, Some("c-0"), Some("c-1"));
+    assert_eq!(d.master.as_deref(), Some("c-0"));
+    assert!(d.agreed);
 }
 
 #[test]
@@ -153,4 +180,18 @@ fn a_master_whose_poll_failed_once_keeps_its_label() {
         member("c-1", replica_of(H0, false, 100), names(H1)),
     ];
     assert_eq!(decide(&named_other, Some("c-0")).master, None);
+}
+
+#[test]
+fn a_pod_going_away_neither_votes_nor_is_voted_for() {
+    // A roll deleted c-0, the old master, right after switching over to c-1: c-0's own Sentinel
+    // and c-1's have not heard of it yet; c-2's has.
+    let mut going = member("c-0", replica_of(H1, true, 500), names(H0));
+    going.deleting = true;
+    let members =
+        [going, member("c-1", master(500), names(H0)), member("c-2", replica_of(H1, true, 500), names(H1))];
+    let d = decide(&members, Some("c-1"));
+    assert_eq!(d.master.as_deref(), Some("c-1"));
+    assert_eq!(d.votes, (1, 2), "c-0's Sentinel does not count; c-1's names a pod going away");
+    assert_eq!(roles(&d), [None, Some("master"), Some("replica")]);
 }

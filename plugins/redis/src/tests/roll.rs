@@ -235,6 +235,106 @@ fn reconcile_replaces_the_highest_outdated_replica_and_polls_faster_while_writes
     assert!(m.iter().all(|m| *m == RequestMode::EveryMs(crate::live::SWITCHOVER_POLL_MS)), "{m:?}");
 }
 
+/// While writes are held, the switchover's one-shot offset reads count as polls: the target's,
+/// asked after the pause and caught up, has Sentinel asked to fail over without waiting for
+/// the next poll.
+#[test]
+fn offsets_read_once_after_the_pause_let_the_failover_be_asked() {
+    use stateward_sdk::{Action, Service};
+    let paused_at = 1_700_000_000_000u64 - 1_000;
+    let pausing = serde_json::json!({
+        "master": "cache-0",
+        "switchover": { "asked": "cache-1", "to": "cache-1", "from": "cache-0", "phase": "Pausing",
+                        "startedAtMs": paused_at - 12_000, "preparedAtMs": paused_at - 11_500,
+                        "pausedAtMs": paused_at },
+    });
+    let failover_asked = |o: stateward_sdk::Observed| {
+        let p = super::Redis::reconcile(o).unwrap();
+        p.actions.iter().any(|a| matches!(a, Action::Exec(e) if e.id.starts_with("switchover-failover-")))
+    };
+    // The polls were started before the pause (tk's responses start at 0): no proof.
+    let mut o = observed(pausing.clone());
+    o.responses.push(answer(format!("switchover-pause-cache-0-{}", paused_at - 12_000), "OK\n"));
+    assert!(!failover_asked(o.clone()));
+    for (pod, text) in [
+        ("cache-0", "role:master\r\nmaster_repl_offset:100\r\nused_memory:1\r\n"),
+        ("cache-1", "role:slave\r\nmaster_host:cache-0.cache-headless\r\nmaster_link_status:up\r\nslave_repl_offset:100\r\nused_memory:1\r\n"),
+    ] {
+        let mut a = answer(format!("switchover-offset-{pod}-{}-{paused_at}", paused_at - 12_000), text);
+        a.started_at_ms = paused_at + 100;
+        o.responses.push(a);
+    }
+    assert!(failover_asked(o));
+}
+
+/// A switchover's failover seen past the promotion by the Sentinel that leads it (the
+/// target's): the target is labelled master and the old master made its replica at once, while
+/// every Sentinel still names the old master.
+#[test]
+fn the_target_is_labelled_master_once_its_sentinel_saw_it_promoted() {
+    use stateward_sdk::{Action, Service};
+    let started = 1_700_000_000_000u64 - 15_000;
+    let failing_over = serde_json::json!({
+        "master": "cache-0",
+        "switchover": { "asked": "cache-1", "to": "cache-1", "from": "cache-0", "phase": "FailingOver",
+                        "startedAtMs": started, "preparedAtMs": started + 500, "pausedAtMs": started + 12_000 },
+    });
+    let plan = |promotion: &str| {
+        let mut o = observed(failing_over.clone());
+        let info = o.responses.iter_mut().find(|r| r.id.starts_with("info-cache-1")).unwrap();
+        info.stdout =
+            "role:master\r\nconnected_slaves:0\r\nmaster_repl_offset:100\r\nused_memory:1\r\n".into();
+        let leader = o.responses.iter_mut().find(|r| r.id.starts_with("sentinel-cache-1")).unwrap();
+        leader.stdout = leader.stdout.replace(
+            "flags\nmaster\n",
+            &format!("flags\nmaster,failover_in_progress\nfailover-state\n{promotion}\n"),
+        );
+        super::Redis::reconcile(o).unwrap()
+    };
+    let role_of = |p: &stateward_sdk::Plan, pod: &str| {
+        p.actions.iter().find_map(|a| match a {
+            Action::LabelPod(l) if l.pod == pod => {
+                l.labels.iter().find(|(k, _)| k == "stateward.dev/role").map(|(_, v)| v.clone())
+            }
+            _ => None,
+        })
+    };
+    let follows = |p: &stateward_sdk::Plan| {
+        p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Exec(e) if e.id.starts_with("switchover-follow-cache-0")))
+    };
+    let p = plan("reconf_slaves");
+    assert_eq!(role_of(&p, "cache-1"), Some(Some("master".to_string())));
+    assert_eq!(role_of(&p, "cache-0"), Some(None));
+    assert!(follows(&p));
+    // The promotion sent: the same once the target answers as the master (it does here).
+    let p = plan("wait_promotion");
+    assert_eq!(role_of(&p, "cache-1"), Some(Some("master".to_string())));
+    // Before the leader chose and told it: nobody is the master the Sentinels name and answers.
+    let p = plan("select_slave");
+    assert_eq!(role_of(&p, "cache-1"), Some(None));
+    assert!(!follows(&p));
+}
+
+#[test]
+fn no_pod_is_replaced_while_a_sentinel_names_another_master() {
+    use stateward_sdk::{Action, Service};
+    let mut o = observed(serde_json::json!({ "master": "cache-0" }));
+    let stale = o.responses.iter_mut().find(|r| r.id.starts_with("sentinel-cache-2")).unwrap();
+    stale.stdout = stale.stdout.replace("cache-0.cache-headless", "cache-1.cache-headless");
+    let p = super::Redis::reconcile(o).unwrap();
+    assert!(tk_status_master(&p) == "cache-0", "two of three still name cache-0");
+    assert!(!p.actions.iter().any(|a| matches!(a, Action::Delete(_))), "no pod replaced until they agree");
+}
+
+fn tk_status_master(p: &stateward_sdk::Plan) -> String {
+    serde_json::from_str::<serde_json::Value>(&p.status.extra).unwrap()["master"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 #[test]
 fn after_a_scale_in_each_sentinel_that_knows_removed_ones_is_reset_one_at_a_time() {
     use stateward_sdk::{Action, Service};

@@ -23,6 +23,7 @@ fn id(r: &Request) -> String {
     match r {
         Request::Priority { id, .. }
         | Request::Pause { id, .. }
+        | Request::Offset { id, .. }
         | Request::Failover { id, .. }
         | Request::Follow { id, .. }
         | Request::Unpause { id, .. } => id.clone(),
@@ -49,7 +50,7 @@ fn paused(
     paused_at: u64,
 ) -> (State, BTreeMap<String, Result<(), String>>) {
     let none = BTreeMap::new();
-    let view = View { master: Some("c-0"), replicas, pods, servers: &none };
+    let view = View { master: Some("c-0"), replicas, pods, servers: &none, agreed: true };
     let s = step(&State::default(), Some("c-2"), &view, &BTreeMap::new(), 1_000);
     let mut answers = ok(&ids(&s.requests));
     let s = step(&s.state, Some("c-2"), &view, &answers, 2_000);
@@ -61,6 +62,11 @@ fn paused(
     answers.extend(ok(&ids(&s.requests)));
     let s = step(&s.state, Some("c-2"), &view, &answers, paused_at);
     assert_eq!((s.state.phase.as_str(), s.state.paused_at_ms), ("Pausing", paused_at));
+    // Both servers are asked for their offsets at once, not at the next poll.
+    for pod in ["c-0", "c-2"] {
+        let id = format!("switchover-offset-{pod}-1000-{paused_at}");
+        assert!(s.requests.contains(&Request::Offset { pod: pod.into(), id }), "{:?}", s.requests);
+    }
     (s.state, answers)
 }
 
@@ -68,7 +74,7 @@ fn paused(
 fn prefers_the_target_then_asks_a_sentinel_then_done_when_it_is_the_master() {
     let (pods, replicas) = (pods(), replicas());
     let none = BTreeMap::new();
-    let view = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &none };
+    let view = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &none, agreed: true };
     let s = step(&State::default(), Some("c-2"), &view, &BTreeMap::new(), 1_000);
     assert_eq!((s.state.phase.as_str(), s.state.from.as_str()), ("Preparing", "c-0"));
     assert_eq!(s.events[0].reason, "SwitchoverPreparing");
@@ -96,13 +102,13 @@ fn prefers_the_target_then_asks_a_sentinel_then_done_when_it_is_the_master() {
         (vec![("c-0", true, 500, 14_100)], "no answer from the target"),
     ] {
         let sv = servers(&list);
-        let v = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &sv };
+        let v = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &sv, agreed: true };
         let s = step(&st, Some("c-2"), &v, &answers, 15_000);
         assert_eq!(s.state.phase, "Pausing", "{why}");
         assert!(!s.requests.iter().any(|r| matches!(r, Request::Failover { .. })), "{why}");
     }
     let sv = servers(&[("c-0", true, 500, 14_100), ("c-2", false, 500, 14_200)]);
-    let v = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &sv };
+    let v = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &sv, agreed: true };
     let s3 = step(&st, Some("c-2"), &v, &answers, 15_000);
     assert_eq!(s3.state.phase, "FailingOver");
     assert!(s3
@@ -112,16 +118,26 @@ fn prefers_the_target_then_asks_a_sentinel_then_done_when_it_is_the_master() {
     // The Sentinels name c-2 and it answers as the master, but c-0 still answers as one: it
     // is made c-2's replica and the switchover is not done.
     let sv = servers(&[("c-0", true, 500, 16_000), ("c-2", true, 520, 16_000)]);
-    let after = View { master: Some("c-2"), replicas: &replicas[..1], pods: &pods, servers: &sv };
+    let after =
+        View { master: Some("c-2"), replicas: &replicas[..1], pods: &pods, servers: &sv, agreed: true };
     let s4 = step(&s3.state, Some("c-2"), &after, &answers, 16_500);
     assert_eq!(s4.state.phase, "FailingOver");
     let follow =
         Request::Follow { pod: "c-0".into(), of: "c-2".into(), id: "switchover-follow-c-0-1000".into() };
     assert_eq!(s4.requests, [follow]);
     assert!(s4.events.is_empty());
-    // c-0 answers as a replica: done, and the priorities go back.
+    // c-0 answers as a replica, but a Sentinel still names c-0 (the plugin named c-2 as
+    // soon as the failover's leader saw it promoted): not done yet.
     let sv = servers(&[("c-0", false, 520, 18_000), ("c-2", true, 520, 18_000)]);
-    let done = View { master: Some("c-2"), replicas: &replicas[..1], pods: &pods, servers: &sv };
+    let moving =
+        View { master: Some("c-2"), replicas: &replicas[..1], pods: &pods, servers: &sv, agreed: false };
+    let s = step(&s4.state, Some("c-2"), &moving, &answers, 19_000);
+    assert_eq!(s.state.phase, "FailingOver");
+    assert!(s.state.message.contains("the Sentinels move to it"), "{}", s.state.message);
+    assert!(s.events.is_empty() && s.requests.is_empty());
+    // Every Sentinel names c-2: done, and the priorities go back.
+    let done =
+        View { master: Some("c-2"), replicas: &replicas[..1], pods: &pods, servers: &sv, agreed: true };
     let s5 = step(&s4.state, Some("c-2"), &done, &answers, 20_000);
     assert_eq!(s5.state.phase, "Done");
     assert!(s5.state.message.contains("c-0 its replica (19000 ms"), "{}", s5.state.message);
@@ -153,7 +169,7 @@ fn an_old_master_that_does_not_answer_is_not_taken_for_a_replica() {
         ..State::default()
     };
     let sv = servers(&[("c-2", true, 520, 18_000)]);
-    let v = View { master: Some("c-2"), replicas: &replicas, pods: &pods, servers: &sv };
+    let v = View { master: Some("c-2"), replicas: &replicas, pods: &pods, servers: &sv, agreed: true };
     assert_eq!(step(&st, Some("c-2"), &v, &BTreeMap::new(), 20_000).state.phase, "FailingOver");
     let late = step(&st, Some("c-2"), &v, &BTreeMap::new(), TIMEOUT_MS + 2_000);
     assert_eq!(late.state.phase, "Failed");
@@ -162,7 +178,7 @@ fn an_old_master_that_does_not_answer_is_not_taken_for_a_replica() {
     assert!(!late.requests.iter().any(|r| matches!(r, Request::Unpause { .. })));
     // Its pod gone: it takes no write.
     let two = ["c-1".to_string(), "c-2".to_string()];
-    let gone = View { master: Some("c-2"), replicas: &replicas, pods: &two, servers: &sv };
+    let gone = View { master: Some("c-2"), replicas: &replicas, pods: &two, servers: &sv, agreed: true };
     assert_eq!(step(&st, Some("c-2"), &gone, &BTreeMap::new(), 20_000).state.phase, "Done");
 }
 
@@ -171,7 +187,7 @@ fn a_target_that_does_not_catch_up_fails_and_the_pause_is_lifted() {
     let (pods, replicas) = (pods(), replicas());
     let (st, answers) = paused(&pods, &replicas, 14_000);
     let sv = servers(&[("c-0", true, 500, 14_100), ("c-2", false, 10, 14_200)]);
-    let v = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &sv };
+    let v = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &sv, agreed: true };
     let s = step(&st, Some("c-2"), &v, &answers, 14_000 + PAUSE_MS - 1);
     assert_eq!(s.state.phase, "Failed");
     assert!(s.state.message.contains("did not catch up"), "{}", s.state.message);
@@ -184,7 +200,8 @@ fn a_target_that_does_not_catch_up_fails_and_the_pause_is_lifted() {
 fn refused_with_the_reason() {
     let (pods, replicas) = (pods(), replicas());
     let none = BTreeMap::new();
-    let view = View { master: Some("c-0"), replicas: &replicas[..1], pods: &pods, servers: &none };
+    let view =
+        View { master: Some("c-0"), replicas: &replicas[..1], pods: &pods, servers: &none, agreed: true };
     for (to, why) in [("other-0", "not a pod of this cluster"), ("c-2", "not a replica linked to the master")]
     {
         let s = step(&State::default(), Some(to), &view, &BTreeMap::new(), 0);
@@ -194,7 +211,7 @@ fn refused_with_the_reason() {
     }
     let s = step(&State::default(), Some("c-0"), &view, &BTreeMap::new(), 0);
     assert_eq!(s.state.phase, "Done", "the master already");
-    let nobody = View { master: None, replicas: &replicas, pods: &pods, servers: &none };
+    let nobody = View { master: None, replicas: &replicas, pods: &pods, servers: &none, agreed: true };
     assert_eq!(step(&State::default(), Some("c-1"), &nobody, &BTreeMap::new(), 0).state.phase, "Refused");
 }
 
@@ -203,7 +220,7 @@ fn fails_on_an_error_or_a_timeout_and_restores_priorities() {
     let (pods, replicas) = (pods(), replicas());
     let (st, mut answers) = paused(&pods, &replicas, 14_000);
     let sv = servers(&[("c-0", true, 500, 14_100), ("c-2", false, 500, 14_200)]);
-    let view = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &sv };
+    let view = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &sv, agreed: true };
     let s = step(&st, Some("c-2"), &view, &answers, 15_000);
     assert_eq!(s.state.phase, "FailingOver");
     answers.insert(
@@ -233,6 +250,8 @@ fn requests_run_redis_cli_in_the_pod_without_a_password() {
     );
     let pause = exec(&Request::Pause { pod: "c-0".into(), id: "p".into() }, "c-headless", 5_000);
     assert_eq!(pause.command[6..], ["client", "pause", &PAUSE_MS.to_string(), "write"]);
+    let offset = exec(&Request::Offset { pod: "c-2".into(), id: "o".into() }, "c-headless", 5_000);
+    assert_eq!((offset.pod.as_str(), &offset.command[6..]), ("c-2", &["info".to_string()][..]));
     let failover = exec(&Request::Failover { pod: "c-2".into(), id: "x".into() }, "c-headless", 5_000);
     assert_eq!(failover.command[4..], ["-p", "26379", "sentinel", "failover", "primary"]);
     assert!(answered_ok("OK\n3\nOK\n"));
@@ -243,7 +262,7 @@ fn requests_run_redis_cli_in_the_pod_without_a_password() {
 #[test]
 fn a_switchover_the_roll_begins_keeps_what_the_annotation_asked_and_is_not_retried_at_once() {
     let (pods, replicas, none) = (pods(), replicas(), BTreeMap::new());
-    let view = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &none };
+    let view = View { master: Some("c-0"), replicas: &replicas, pods: &pods, servers: &none, agreed: true };
     // The annotation asked for c-1 earlier and that is done; the roll now begins one to c-2.
     let earlier = State { asked: "c-1".into(), to: "c-1".into(), phase: "Done".into(), ..State::default() };
     assert!(may_begin(&earlier, 5_000));
