@@ -235,6 +235,16 @@ fn reconcile_replaces_the_highest_outdated_replica_and_polls_faster_while_writes
     assert!(m.iter().all(|m| *m == RequestMode::EveryMs(crate::live::SWITCHOVER_POLL_MS)), "{m:?}");
 }
 
+/// The status of a switchover from cache-0 to cache-1 in `phase`, started at `started`: its
+/// priorities set 0.5 s later, writes held from 12 s after it.
+fn switching_to_cache_1(phase: &str, started: u64) -> serde_json::Value {
+    serde_json::json!({
+        "master": "cache-0",
+        "switchover": { "asked": "cache-1", "to": "cache-1", "from": "cache-0", "phase": phase,
+                        "startedAtMs": started, "preparedAtMs": started + 500, "pausedAtMs": started + 12_000 },
+    })
+}
+
 /// While writes are held, the switchover's one-shot offset reads count as polls: the target's,
 /// asked after the pause and caught up, has Sentinel asked to fail over without waiting for
 /// the next poll.
@@ -242,12 +252,7 @@ fn reconcile_replaces_the_highest_outdated_replica_and_polls_faster_while_writes
 fn offsets_read_once_after_the_pause_let_the_failover_be_asked() {
     use stateward_sdk::{Action, Service};
     let paused_at = 1_700_000_000_000u64 - 1_000;
-    let pausing = serde_json::json!({
-        "master": "cache-0",
-        "switchover": { "asked": "cache-1", "to": "cache-1", "from": "cache-0", "phase": "Pausing",
-                        "startedAtMs": paused_at - 12_000, "preparedAtMs": paused_at - 11_500,
-                        "pausedAtMs": paused_at },
-    });
+    let pausing = switching_to_cache_1("Pausing", paused_at - 12_000);
     let failover_asked = |o: stateward_sdk::Observed| {
         let p = super::Redis::reconcile(o).unwrap();
         p.actions.iter().any(|a| matches!(a, Action::Exec(e) if e.id.starts_with("switchover-failover-")))
@@ -273,12 +278,7 @@ fn offsets_read_once_after_the_pause_let_the_failover_be_asked() {
 #[test]
 fn the_target_is_labelled_master_once_its_sentinel_saw_it_promoted() {
     use stateward_sdk::{Action, Service};
-    let started = 1_700_000_000_000u64 - 15_000;
-    let failing_over = serde_json::json!({
-        "master": "cache-0",
-        "switchover": { "asked": "cache-1", "to": "cache-1", "from": "cache-0", "phase": "FailingOver",
-                        "startedAtMs": started, "preparedAtMs": started + 500, "pausedAtMs": started + 12_000 },
-    });
+    let failing_over = switching_to_cache_1("FailingOver", 1_700_000_000_000u64 - 15_000);
     let plan = |promotion: &str| {
         let mut o = observed(failing_over.clone());
         let info = o.responses.iter_mut().find(|r| r.id.starts_with("info-cache-1")).unwrap();
