@@ -65,6 +65,18 @@ pub fn parse_sentinel(answer: &str) -> Option<SentinelView> {
     })
 }
 
+/// Some Sentinel that answers names `pod` the master. A roll does not replace such a pod: right
+/// after a switchover the Sentinels not yet told of it still name the old master, and a pod
+/// deleted then is one they would count as the master they know.
+fn named_by_a_sentinel(members: &[Member], pod: &str) -> bool {
+    members.iter().filter(|m| !m.deleting).any(|m| {
+        m.sentinel
+            .as_ref()
+            .and_then(|s| s.as_ref().ok())
+            .is_some_and(|s| roles::pod_of(&s.master_host, members) == Some(pod))
+    })
+}
+
 /// The target of a switchover under way once its failover has promoted it: the target's
 /// Sentinel, which the plugin asked to fail over and so leads it, has told it to be the master
 /// or names it already (see [`roles::decide_promoted`], which also wants the target to answer
@@ -239,28 +251,26 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                 (r.id.clone(), answer)
             })
             .collect();
+        let server = |i: &Info, asked_at_ms: u64| switchover::Server {
+            master: i.role == "master",
+            offset: i.offset,
+            asked_at_ms,
+        };
         let servers = input
             .pods
             .iter()
             .zip(&members)
             .filter_map(|(pod, m)| {
                 let polled = m.server.as_ref().and_then(|a| a.as_ref().ok()).and_then(|i| {
-                    let asked_at_ms = response(input.responses, &request_id("info", pod))?.started_at_ms;
-                    Some(switchover::Server { master: i.role == "master", offset: i.offset, asked_at_ms })
+                    Some(server(i, response(input.responses, &request_id("info", pod))?.started_at_ms))
                 });
                 // The switchover's own one-shot reads count as polls; the latest one wins.
                 let prefix = format!("{}{}-", switchover::OFFSET_PREFIX, pod.name);
-                let asked =
-                    input.responses.iter().filter(|r| r.id.starts_with(&prefix) && r.succeeded()).filter_map(
-                        |r| {
-                            let i = parse(&r.stdout)?;
-                            Some(switchover::Server {
-                                master: i.role == "master",
-                                offset: i.offset,
-                                asked_at_ms: r.started_at_ms,
-                            })
-                        },
-                    );
+                let asked = input
+                    .responses
+                    .iter()
+                    .filter(|r| r.id.starts_with(&prefix) && r.succeeded())
+                    .filter_map(|r| Some(server(&parse(&r.stdout)?, r.started_at_ms)));
                 let latest = polled.into_iter().chain(asked).max_by_key(|s| s.asked_at_ms)?;
                 Some((m.pod.clone(), latest))
             })
@@ -275,17 +285,16 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         let annotation = input.annotation(switchover::ANNOTATION);
         let mut prev = switchover::State::from_status(input.status);
         let newly_asked = annotation.map(str::trim).is_some_and(|a| !a.is_empty() && a != prev.asked);
-        // A roll step waits for every answering Sentinel to name the master: right after a
-        // switchover some have not heard of it yet, and a pod deleted then would be counted
-        // by them as the master they know.
-        if !prev.active() && !newly_asked && d.agreed {
+        if !prev.active() && !newly_asked {
             match roll::next(
                 &roll_pods(input, &d),
                 ctx.cluster.spec.replicas,
                 d.master.as_deref(),
                 previous.is_some(),
             ) {
-                Some(roll::Step::Replace { pod, why }) => live.replace_pod(pod, &why),
+                Some(roll::Step::Replace { pod, why }) if !named_by_a_sentinel(&members, &pod) => {
+                    live.replace_pod(pod, &why)
+                }
                 Some(roll::Step::Switchover { to, why }) if switchover::may_begin(&prev, input.now_ms) => {
                     let (started, event) = switchover::begin(&prev, &to, &why, &view, input.now_ms);
                     prev = started;

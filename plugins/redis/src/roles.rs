@@ -6,7 +6,9 @@
 //! a former master that came back has not yet been turned into a replica, `-master` selects no
 //! pod rather than a wrong one. Replicas are labelled `replica` while their link to that master
 //! is up. With no Sentinel answering (standalone mode, or all of them down), the only server
-//! answering as a master is the master.
+//! answering as a master is the master. A pod being deleted neither votes nor is voted for; and
+//! during a switchover the plugin asked for, the target is named as soon as the Sentinel leading
+//! its failover has promoted it ([`decide_promoted`]), before the others move.
 
 use std::collections::BTreeMap;
 
@@ -130,19 +132,25 @@ pub fn decide_promoted(members: &[Member], previous: Option<&str>, promoted: Opt
     // (a roll deletes the old master's pod right after its switchover; counting those stale
     // votes took the master label off the new master for two seconds).
     let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut answered = 0;
+    let (mut answered, mut dropped) = (0, 0);
     for m in members.iter().filter(|m| !m.deleting) {
         if let Some(Ok(s)) = &m.sentinel {
             answered += 1;
             let named = pod_of(&s.master_host, members);
-            if let Some(p) = named.filter(|p| members.iter().any(|m| m.pod == *p && !m.deleting)) {
-                *votes.entry(p).or_default() += 1;
+            match named.filter(|p| members.iter().any(|m| m.pod == *p && !m.deleting)) {
+                Some(p) => *votes.entry(p).or_default() += 1,
+                None if named.is_some() => dropped += 1,
+                None => {}
             }
         }
     }
     let best = votes.values().copied().max().unwrap_or(0);
     let leaders: Vec<&str> = votes.iter().filter(|(_, v)| **v == best).map(|(p, _)| *p).collect();
+    // With votes dropped, what is left may be a minority: it names the master confirmed last,
+    // or nobody (a stale Sentinel must not make a pod that answers as a master the master).
+    let minority = dropped > 0 && best * 2 <= answered;
     d.named = match leaders.as_slice() {
+        [one] if minority && previous != Some(*one) => None,
         [one] => Some((*one).to_string()),
         [] if answered == 0 => {
             let masters: Vec<&Member> =
@@ -160,7 +168,8 @@ pub fn decide_promoted(members: &[Member], previous: Option<&str>, promoted: Opt
     if let Some(p) = promoted.filter(|p| answers_master(p)) {
         d.named = Some(p.to_string());
     }
-    d.votes = (best, answered);
+    let named_votes = d.named.as_deref().map_or(best, |n| votes.get(n).copied().unwrap_or(0));
+    d.votes = (named_votes, answered);
     d.master = d.named.clone().filter(|n| answers_master(n));
     d.agreed = answered == 0
         || (best == answered && leaders.len() == 1 && d.master.as_deref() == leaders.first().copied());

@@ -14,10 +14,11 @@
 //! failover (it waits to hear of newer configurations first): until then the old master
 //! would take writes again once its pause ends, from clients still connected to it or routed
 //! there before the `-master` Service moves, and those writes would be lost. So as soon as
-//! the Sentinels name the target and it answers as the master, the plugin itself makes the
-//! old master its replica and disconnects its clients (what Sentinel would do later), and the
-//! switchover is `Done` only once the old master answers as a replica: from then on no write
-//! reaches it.
+//! the target is the master the plugin names (it answers as one, and the Sentinel leading the
+//! failover has promoted it, see [`crate::roles::decide_promoted`], or the Sentinels name it),
+//! the plugin itself makes the old master its replica and disconnects its clients (what
+//! Sentinel would do later), and the switchover is `Done` only once the old master answers as a
+//! replica, from then on no write reaches it, and every Sentinel names the target.
 //!
 //! Phases: `Preparing` → `Pausing` → `FailingOver` → `Done`, or `Refused` (not a linked
 //! replica, no master) and `Failed` (an error answered, or not done within [`TIMEOUT_MS`]).
@@ -34,8 +35,8 @@ pub const ANNOTATION: &str = "stateward.dev/switchover-to";
 /// Sentinel refreshes what it knows of each replica (its `INFO`, with `slave_priority`) every
 /// 10 s: the failover is asked a little later than that after the priorities are set.
 pub const PRIORITY_SEEN_MS: u64 = 11_000;
-/// How long the old master holds writes back: the target catching up (two polls), the
-/// failover and the old master following the new one (a poll each) fit well within it.
+/// How long the old master holds writes back: the target catching up, the failover and the
+/// old master following the new one (a request or a poll each) fit well within it.
 pub const PAUSE_MS: u64 = 20_000;
 /// The target must have caught up this long before the pause ends, or the switchover fails
 /// (the old master then takes writes again and stays the master).
@@ -294,8 +295,9 @@ pub fn step(
         _ => None,
     };
     if view.master == Some(st.to.as_str()) {
-        // The Sentinels name the target and it answers as the master: the old master must
-        // follow it before anyone is told it is done.
+        // The target is the master the plugin names (promoted by the failover asked for, or
+        // named by the Sentinels) and answers as one: the old master must follow it before
+        // anyone is told it is done.
         // Done once the old master answers as a replica (or its pod is gone): no answer from
         // it is no proof that it refuses writes.
         let old_follows = st.from.is_empty()
@@ -312,11 +314,14 @@ pub fn step(
         }
         if old_follows {
             let took = now_ms.saturating_sub(st.started_at_ms);
-            let message = if st.from.is_empty() {
+            let mut message = if st.from.is_empty() {
                 format!("{} is the master ({took} ms after it was asked)", st.to)
             } else {
                 format!("{} is the master and {} its replica ({took} ms after it was asked)", st.to, st.from)
             };
+            if !view.agreed {
+                message.push_str("; some Sentinels still name another pod");
+            }
             finish(&mut st, &mut s, "Done", message);
             s.state = st;
             return s;

@@ -415,6 +415,26 @@ mod tests {
 
     const T: Threshold = Threshold { key: "connections", reason: "ConnectionsNearLimit", times: 3 };
 
+    /// A StatefulSet's update revision counts once its controller has seen its spec and, if it
+    /// carries a template hash, that hash is the one rendered now; one without a hash (made by
+    /// an earlier build) is taken as it is.
+    #[test]
+    fn an_update_revision_counts_only_for_the_template_rendered_now() {
+        let sts = |annotations: Value, observed: i64| {
+            vec![json!({
+                "apiVersion": "apps/v1", "kind": "StatefulSet",
+                "metadata": { "name": "db", "generation": 2, "annotations": annotations },
+                "status": { "observedGeneration": observed, "updateRevision": "db-new" },
+            })]
+        };
+        let hashed = json!({ TEMPLATE_HASH_ANNOTATION: "aaaa" });
+        assert_eq!(update_revision(&sts(hashed.clone(), 2), "db", Some("aaaa")).as_deref(), Some("db-new"));
+        assert_eq!(update_revision(&sts(hashed.clone(), 2), "db", Some("bbbb")), None, "an older template");
+        assert_eq!(update_revision(&sts(hashed, 1), "db", Some("aaaa")), None, "spec not seen yet");
+        assert_eq!(update_revision(&sts(json!({}), 2), "db", Some("bbbb")).as_deref(), Some("db-new"));
+        assert_eq!(update_revision(&sts(json!({}), 2), "other", Some("bbbb")), None);
+    }
+
     /// A new leader's first plan: an entry waiting for its first answer shows what the status
     /// held for its pod; a pod the status never saw still says it waits; answers win.
     #[test]

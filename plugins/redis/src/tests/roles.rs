@@ -195,3 +195,20 @@ fn a_pod_going_away_neither_votes_nor_is_voted_for() {
     assert_eq!(d.votes, (1, 2), "c-0's Sentinel does not count; c-1's names a pod going away");
     assert_eq!(roles(&d), [None, Some("master"), Some("replica")]);
 }
+
+#[test]
+fn votes_left_after_dropping_a_deleting_pod_make_no_new_master_from_a_minority() {
+    // c-0, the master, is being deleted; two Sentinels still name it, one stale one names c-3,
+    // a former master not yet turned into a replica. c-3 is not made the master on 1 vote of 3.
+    let mut going = member("c-0", master(500), names(H0));
+    going.deleting = true;
+    let members = [
+        going,
+        member("c-1", replica_of(H0, false, 500), names(H0)),
+        member("c-2", replica_of(H0, false, 500), names(H0)),
+        member("c-3", master(400), names("c-3.c-headless")),
+    ];
+    let d = decide(&members, Some("c-0"));
+    assert_eq!((d.named.as_deref(), d.master.as_deref()), (None, None));
+    assert_eq!(roles(&d), [None, None, None, None]);
+}
