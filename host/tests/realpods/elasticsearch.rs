@@ -399,21 +399,42 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
             })
             .collect()
     };
+    // Probes that reached no answer on a first try, and why (printed below).
+    let retried = std::cell::RefCell::new(Vec::<String>::new());
     let probe = |states: &[(String, String, bool, bool)]| {
-        let get = |from: &str, path: &str, field: &str| -> String {
+        let get = |from: &str, path: &str, field: &str| -> Result<String, String> {
             let url = format!("http://logs-http:9200{path}");
             let out = kubectl_in(&env, &["exec", from, "--", "curl", "-sS", "--max-time", "5", &url]);
             serde_json::from_slice::<Value>(&out.stdout)
                 .map(|v| v[field].as_str().map_or_else(|| v[field].to_string(), String::from))
-                .unwrap_or_else(|_| "unanswered".into())
+                .map_err(|_| {
+                    let why = format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    format!("{path} from {from}: {}", why.trim().chars().take(160).collect::<String>())
+                })
         };
-        // From a Ready pod; another if that one went meanwhile.
+        // From a Ready pod, up to three tries a second apart over the Ready pods: one exec or
+        // request lost on a loaded node is told apart from a cluster that does not answer
+        // (every retried probe is printed; a sample is unanswered only after all three).
         let ready: Vec<&String> = states.iter().filter(|s| s.2).map(|s| &s.0).collect();
         let mut last = ("unanswered".to_string(), "unanswered".to_string());
-        for from in ready.iter().take(2) {
-            last = (get(from, "/_cluster/health", "status"), get(from, "/docs/_count", "count"));
-            if last.0 != "unanswered" && last.1 != "unanswered" {
-                break;
+        for attempt in 0..3 {
+            let Some(from) = ready.get(attempt % ready.len().max(1)) else { break };
+            match (get(from, "/_cluster/health", "status"), get(from, "/docs/_count", "count")) {
+                (Ok(health), Ok(count)) => return (health, count),
+                (health, count) => {
+                    let why: Vec<String> =
+                        [&health, &count].into_iter().filter_map(|r| r.clone().err()).collect();
+                    retried.borrow_mut().push(why.join("; "));
+                    last = (
+                        health.unwrap_or_else(|_| "unanswered".into()),
+                        count.unwrap_or_else(|_| "unanswered".into()),
+                    );
+                    std::thread::sleep(Duration::from_secs(1));
+                }
             }
         }
         last
@@ -468,6 +489,11 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
         "realpods[es]: rolling change: {} nodes restarted in {took:.1?}, in the order {order:?}; at most {most_restarting} restarting at once ({most_unready} not Ready at once); {} samples {statuses:?}",
         order.len(),
         samples.len()
+    );
+    eprintln!(
+        "realpods[es]: {} probe tries reached no answer and were tried again: {:?}",
+        retried.borrow().len(),
+        retried.borrow()
     );
     assert_eq!(order.len(), 5);
     let masters_from = order.iter().position(|p| p.starts_with("logs-masters-")).unwrap_or(order.len());
