@@ -71,7 +71,9 @@ pub fn entrypoint(ctx: &Ctx) -> String {
 #    pg_rewind against the primary when one answers (it waits up to a minute for one when its
 #    data was a primary's and it is not the one named), and cloned again when rewinding fails;
 #    then it starts with standby.signal and streams from {name}-rw under its own replication
-#    slot. A standby that stopped uncleanly recovers as a standby first.
+#    slot. A standby that stopped uncleanly recovers as a standby first. Data of another
+#    database system (its own initdb: every member of a release before this one) cannot be
+#    rewound: it is cloned, the old directory kept beside $PGDATA as pgdata.foreign-<system id>.
 # 4. exec postgres with the postgresql.conf beside this script (it names the pg_hba.conf written
 #    into the data volume from the one beside it); arguments to this script go on to postgres.
 # What this script does is also kept in stateward.log beside $PGDATA.
@@ -129,6 +131,10 @@ export PGPASSFILE="$pgpass"
 export PGCONNECT_TIMEOUT=3
 
 primary_up() {{ pg_isready --host="$rw" --port=5432 --timeout=2 >/dev/null 2>&1; }}
+# The database system identifier of the data directory $1; empty when it holds none.
+system_id() {{
+    if [ -s "$1/PG_VERSION" ]; then pg_controldata "$1" 2>/dev/null | sed -n 's/^Database system identifier: *//p'; fi
+}}
 wait_primary() {{ # at most $1 seconds
     n=0
     until primary_up; do
@@ -210,7 +216,19 @@ clone() {{
         log "pg_basebackup failed; again in 2 s"
         sleep 2
     done
-    rm -rf -- "$PGDATA"
+    # Data of another database system (a server made by its own initdb, as releases before this
+    # one made every member) may hold what a client wrote to that server: it is kept beside
+    # $PGDATA, the user's to look at and remove, instead of being deleted.
+    old_id=$(system_id "$PGDATA")
+    new_id=$(system_id "$scratch")
+    if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ]; then
+        keep="$PGDATA.foreign-$old_id"
+        if [ -e "$keep" ]; then keep="$keep-$(date -u +%Y%m%dT%H%M%SZ)"; fi
+        mv -- "$PGDATA" "$keep"
+        log "$PGDATA held another database system ($old_id; the primary's is $new_id): kept as $keep"
+    else
+        rm -rf -- "$PGDATA"
+    fi
     mv -- "$scratch" "$PGDATA"
     log "cloned $PGDATA from $rw"
 }}

@@ -28,7 +28,11 @@
 //! 5. **Fencing.** Any server other than the target that answers as a primary is stopped
 //!    (it restarts, reads the new topology and rewinds); the old primary of a failover that was
 //!    already running again as a fenced standby is restarted once the new primary is confirmed,
-//!    so it too goes through `pg_rewind` before it streams.
+//!    so it too goes through `pg_rewind` before it streams. A server whose database system
+//!    identifier is not the confirmed primary's (made by its own `initdb`, as the release before
+//!    this one made every member) is never a candidate and is stopped to be cloned again; a pod
+//!    of an old revision is replaced instead of stopped (its old command would only start the
+//!    same server again).
 //! 6. **Roles.** `primary` on the confirmed target only (and on a switchover's target from the
 //!    plan that promotes it, the old primary being stopped), `replica` on standbys whose WAL
 //!    receiver is streaming, none on the others; the Services select on these labels.
@@ -63,6 +67,9 @@ pub struct Stats {
     pub streaming: bool,
     /// `default_transaction_read_only` is on: what fencing sets (see `live::fence_writes`).
     pub read_only: bool,
+    /// The database system identifier (`pg_control_system()`): the same on every server cloned
+    /// from one `initdb`; empty when not known (an answer to an earlier build's poll).
+    pub system_id: String,
     /// The standbys connected to a primary.
     pub standbys: Vec<Standby>,
 }
@@ -114,6 +121,14 @@ impl Member {
         self.stats().is_some_and(|s| s.in_recovery && s.streaming)
     }
 
+    /// Answers with a database system other than `system_id` (the confirmed primary's): not a
+    /// copy of the cluster's data, whatever its role (a server a release before this one made
+    /// with its own `initdb`). Never a candidate; it is made again as a clone.
+    pub fn is_foreign(&self, system_id: &str) -> bool {
+        self.stats()
+            .is_some_and(|s| !system_id.is_empty() && !s.system_id.is_empty() && s.system_id != system_id)
+    }
+
     /// This incarnation: the pod's uid and how often its containers restarted.
     pub fn incarnation(&self) -> String {
         incarnation(&self.pod, &self.uid, self.restarts)
@@ -154,6 +169,9 @@ pub struct State {
     pub epoch: u64,
     /// The current primary's timeline.
     pub timeline: u32,
+    /// The database system identifier of the primary last confirmed: every member must be a
+    /// copy of it (see [`Member::is_foreign`]).
+    pub system_id: String,
     /// Since when (ms) the target has not been a healthy primary; 0 while it is.
     pub failing_since_ms: u64,
     /// A promotion of the target is wanted.
@@ -192,6 +210,7 @@ impl State {
             target,
             epoch: n("promotions"),
             timeline: u32::try_from(n("timeline")).unwrap_or(0),
+            system_id: s("systemIdentifier"),
             failing_since_ms: n("primaryFailingSinceMs"),
             promoting: status.and_then(|st| st.get("promoting")).and_then(Value::as_bool).unwrap_or(false),
             fenced: status
@@ -216,6 +235,7 @@ impl State {
         m.insert("targetPrimary".into(), json!(self.target));
         m.insert("promotions".into(), json!(self.epoch));
         m.insert("timeline".into(), json!(self.timeline));
+        m.insert("systemIdentifier".into(), json!(self.system_id));
         m.insert("primaryFailingSinceMs".into(), json!(self.failing_since_ms));
         m.insert("promoting".into(), json!(self.promoting));
         m.insert("fenced".into(), json!(self.fenced));
@@ -337,15 +357,16 @@ pub fn ordinal(pod: &str) -> Option<i64> {
     pod.rsplit('-').next().and_then(|o| o.parse().ok())
 }
 
-/// The best standby to promote, other than `except` and pods being scaled away: on the
-/// primary's timeline first, then the most WAL received, the least left to replay, the lowest
-/// name.
+/// The best standby to promote, other than `except`, pods being scaled away and servers of
+/// another database system: on the primary's timeline first, then the most WAL received, the
+/// least left to replay, the lowest name.
 pub fn best_candidate<'a>(
     members: &'a [Member],
+    st: &State,
     except: &str,
-    timeline: u32,
     replicas: i64,
 ) -> Option<&'a Member> {
+    let timeline = st.timeline;
     let key = |m: &Member| {
         let s = m.stats();
         let consistent = s.is_some_and(|s| s.timeline >= timeline);
@@ -355,7 +376,8 @@ pub fn best_candidate<'a>(
     };
     members
         .iter()
-        .filter(|m| m.pod != except && m.is_standby() && ordinal(&m.pod).is_none_or(|o| o < replicas))
+        .filter(|m| m.pod != except && m.is_standby() && !m.is_foreign(&st.system_id))
+        .filter(|m| ordinal(&m.pod).is_none_or(|o| o < replicas))
         .max_by(|a, b| key(a).cmp(&key(b)).then_with(|| b.pod.cmp(&a.pod)))
 }
 
@@ -384,6 +406,9 @@ pub fn decide(
         st.current_uid = t.uid.clone();
         if let Some(s) = t.stats() {
             st.timeline = s.timeline;
+            if !s.system_id.is_empty() {
+                st.system_id = s.system_id.clone();
+            }
         }
         st.failing_since_ms = 0;
         st.promoting = false;
@@ -466,7 +491,7 @@ pub fn decide(
                 let waited = now_ms.saturating_sub(st.failing_since_ms);
                 if waited >= allowed {
                     let failed = st.target.clone();
-                    if let Some(c) = best_candidate(members, &failed, st.timeline, settings.replicas) {
+                    if let Some(c) = best_candidate(members, &st, &failed, settings.replicas) {
                         let s = c.stats().cloned().unwrap_or_else(|| Stats {
                             in_recovery: true,
                             connections: 0,
@@ -476,6 +501,7 @@ pub fn decide(
                             timeline: 0,
                             streaming: false,
                             read_only: false,
+                            system_id: String::new(),
                             standbys: Vec::new(),
                         });
                         if switching(&st) {
@@ -564,14 +590,40 @@ pub fn decide(
         }
     }
 
-    // 5. Fencing: no other server answers as a primary; former primaries rewind.
+    // 5. Fencing: no other server answers as a primary; former primaries rewind; servers of
+    // another database system are cloned again. Stopping a pod made from an old revision would
+    // only start the same server again: it is replaced (one a reconcile) and comes back from the
+    // current revision, whose entry script rewinds or clones it.
+    let target_ok = find(&st.target).is_some_and(Member::is_primary) && st.target == st.current;
     if !decided_now {
-        for m in members.iter().filter(|m| m.pod != st.target && m.is_primary()) {
-            let why = if switching(&st) && m.pod == st.current { "switchover" } else { "demote" };
+        let foreign = |m: &Member| target_ok && m.is_foreign(&st.system_id);
+        for m in members.iter().filter(|m| m.pod != st.target && (m.is_primary() || foreign(m))) {
+            if m.outdated && m.pod != st.current {
+                if d.replace.is_none() {
+                    let what =
+                        if foreign(m) { "serves another database system" } else { "answers as a primary" };
+                    d.events.push(event(
+                        EventType::Warning,
+                        "ReplacingPod",
+                        format!(
+                            "replacing {}: on an old revision, it {what} (it comes back a clone of {})",
+                            m.pod, st.target
+                        ),
+                    ));
+                    d.replace = Some(m.pod.clone());
+                }
+                continue;
+            }
+            let why = if switching(&st) && m.pod == st.current {
+                "switchover"
+            } else if m.is_primary() {
+                "demote"
+            } else {
+                "reclone"
+            };
             d.requests.push(Request::Stop { pod: m.pod.clone(), id: stop_id(why, m, st.epoch), why });
         }
     }
-    let target_ok = find(&st.target).is_some_and(Member::is_primary) && st.target == st.current;
     let target_name = st.target.clone();
     st.fenced.retain(|fence| {
         fence.split('@').next() != Some(target_name.as_str())

@@ -52,7 +52,8 @@ pub const STATS_SQL: &str = "select pg_is_in_recovery(), \
        coalesce(state, '') || ':' || coalesce(sync_state, '') || ':' || \
        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint, -1), ',' order by application_name) \
        from pg_stat_replication), '') end, \
-     current_setting('default_transaction_read_only')";
+     current_setting('default_transaction_read_only'), \
+     (select system_identifier from pg_control_system())";
 
 /// On a primary (nothing on a standby): a physical slot for each of `standbys`, and none left
 /// of ours that names no standby (a slot nobody uses keeps WAL forever).
@@ -125,6 +126,7 @@ fn parse_line(line: &str) -> Option<Stats> {
         streaming: f[6].trim() == "streaming",
         // (Absent from an answer to an earlier build's poll.)
         read_only: f.get(8).is_some_and(|v| v.trim() == "on"),
+        system_id: f.get(9).map(|v| v.trim().to_string()).unwrap_or_default(),
         standbys,
     })
 }
@@ -468,6 +470,10 @@ pub fn schema() -> serde_json::Map<String, Value> {
     m.insert("targetPrimary".into(), s("The instance that is to be the primary (differs from currentPrimary during a failover or switchover)."));
     m.insert("promotions".into(), i("Promotions decided since the cluster was made."));
     m.insert("timeline".into(), i("The primary's timeline."));
+    m.insert(
+        "systemIdentifier".into(),
+        s("The database system identifier of the confirmed primary; a member answering with another is cloned again, never promoted."),
+    );
     m.insert("primaryFailingSinceMs".into(), i("Since when the target primary has not been a healthy primary (ms since the epoch; 0 while it is)."));
     m.insert(
         "promoting".into(),
@@ -549,6 +555,9 @@ mod tests {
         let r = parse("t\n\nt|3|100|1/10|0/FF0|3|streaming|\n").unwrap();
         assert!(r.in_recovery && r.streaming);
         assert_eq!(r.replay_lag(), (1u64 << 32) + 0x10 - 0xFF0);
+        assert_eq!(r.system_id, "", "an earlier build's poll names no system");
+        let full = parse("t|3|100|1/10|0/FF0|3|streaming||on|7312345678901234567\n").unwrap();
+        assert_eq!((full.read_only, full.system_id.as_str()), (true, "7312345678901234567"));
         assert_eq!(parse("ERROR"), None);
         assert_eq!(parse(""), None);
         assert_eq!(lsn_text(parse_lsn("1A/2B").unwrap()), "1A/2B");

@@ -73,7 +73,7 @@ pub fn next(st: &State, members: &[Member], settings: &Settings) -> Option<Step>
     }
     let kept = |m: &&Member| ordinal(&m.pod).is_none_or(|o| o < settings.replicas);
     let switchover_to = |among: &[Member], why: String| {
-        let c = best_candidate(among, &st.current, st.timeline, settings.replicas)?;
+        let c = best_candidate(among, st, &st.current, settings.replicas)?;
         let ok = c.is_streaming() && ha::refuse_switchover(st, members, settings, &c.pod).is_none();
         ok.then(|| Step::Switchover { to: c.pod.clone(), why })
     };

@@ -25,8 +25,17 @@ fn stats(in_recovery: bool, received: u64, replayed: u64, timeline: u32, streami
         timeline,
         streaming,
         read_only: false,
+        system_id: SYSTEM.into(),
         standbys: Vec::new(),
     }
+}
+
+/// The database system identifier of the cluster's `initdb`.
+const SYSTEM: &str = "7300000000000000001";
+
+/// A cluster's state whose primary is on `timeline`.
+fn on_timeline(timeline: u32) -> State {
+    State { timeline, system_id: SYSTEM.into(), ..State::default() }
 }
 
 fn primary(pod: &str, lsn: u64) -> Member {
@@ -98,10 +107,14 @@ fn reason(d: &ha::Decision) -> String {
 #[test]
 fn the_most_advanced_standby_by_received_lsn_is_promoted_then_lowest_lag_then_name() {
     let m = vec![standby("pg-1", 500, 400), standby("pg-2", 600, 100), standby("pg-3", 550, 550)];
-    assert_eq!(ha::best_candidate(&m, "pg-0", 1, 5).map(|c| c.pod.as_str()), Some("pg-2"), "received first");
+    assert_eq!(
+        ha::best_candidate(&m, &on_timeline(1), "pg-0", 5).map(|c| c.pod.as_str()),
+        Some("pg-2"),
+        "received first"
+    );
     let tie = vec![standby("pg-1", 600, 400), standby("pg-2", 600, 500), standby("pg-3", 600, 500)];
     assert_eq!(
-        ha::best_candidate(&tie, "pg-0", 1, 5).map(|c| c.pod.as_str()),
+        ha::best_candidate(&tie, &on_timeline(1), "pg-0", 5).map(|c| c.pod.as_str()),
         Some("pg-2"),
         "then the least left to replay, then the lowest name"
     );
@@ -119,8 +132,8 @@ fn a_standby_on_an_older_timeline_is_promoted_only_when_no_consistent_one_is_lef
         s.timeline = 2;
     }
     let m = vec![old.clone(), current];
-    assert_eq!(ha::best_candidate(&m, "pg-0", 2, 3).map(|c| c.pod.as_str()), Some("pg-2"));
-    assert_eq!(ha::best_candidate(&[old], "pg-0", 2, 3).map(|c| c.pod.as_str()), Some("pg-1"));
+    assert_eq!(ha::best_candidate(&m, &on_timeline(2), "pg-0", 3).map(|c| c.pod.as_str()), Some("pg-2"));
+    assert_eq!(ha::best_candidate(&[old], &on_timeline(2), "pg-0", 3).map(|c| c.pod.as_str()), Some("pg-1"));
 }
 
 #[test]
@@ -132,8 +145,8 @@ fn never_the_failed_primary_a_primary_a_silent_pod_or_one_being_scaled_away() {
         standby("pg-3", 9999, 9999),
         standby("pg-4", 10, 10),
     ];
-    assert_eq!(ha::best_candidate(&m, "pg-0", 1, 3).map(|c| c.pod.as_str()), None);
-    assert_eq!(ha::best_candidate(&m, "pg-0", 1, 4).map(|c| c.pod.as_str()), Some("pg-3"));
+    assert_eq!(ha::best_candidate(&m, &on_timeline(1), "pg-0", 3).map(|c| c.pod.as_str()), None);
+    assert_eq!(ha::best_candidate(&m, &on_timeline(1), "pg-0", 4).map(|c| c.pod.as_str()), Some("pg-3"));
 }
 
 // --- when to fail over ----------------------------------------------------------------------
@@ -674,6 +687,68 @@ fn before_the_first_primary_answers_pods_roll_by_readiness_highest_first_one_at_
     let mut next = m.clone();
     next[2] = member("pg-2", None);
     assert_eq!(replaced(&decide(&new, &next, None, T0)), Some("pg-1"));
+}
+
+/// A server of its own `initdb`, answering as `in_recovery` says.
+fn foreign(pod: &str, in_recovery: bool) -> Member {
+    let mut m = member(pod, Some(Ok(stats(in_recovery, 5000, 5000, 1, false))));
+    if let Some(Ok(s)) = &mut m.answer {
+        s.system_id = format!("730000000000000009{}", pod.chars().last().unwrap_or('x'));
+    }
+    m
+}
+
+#[test]
+fn a_cluster_made_by_the_last_release_keeps_pod_0_and_clones_the_others_again_never_promoting_them() {
+    // The release before this one made every member with its own initdb, each a primary, and
+    // wrote only `currentPrimary` (pod 0) in status; its pods run an old revision.
+    let old = State::from_status(Some(&json!({ "currentPrimary": "pg-0" })), "pg-0");
+    assert_eq!(old.target, "pg-0");
+    let m = vec![
+        outdated(primary("pg-0", 1000)),
+        outdated(foreign("pg-1", false)),
+        outdated(foreign("pg-2", false)),
+    ];
+    let d = decide(&old, &m, None, T0);
+    assert_eq!(
+        (d.state.current.as_str(), d.state.system_id.as_str()),
+        ("pg-0", SYSTEM),
+        "pod 0 is confirmed"
+    );
+    assert!(promotions(&d).is_empty());
+    assert!(stops(&d).is_empty(), "stopping an old revision's server only starts it again: {:?}", stops(&d));
+    let other = replaced(&d).expect("one former independent server replaced").to_string();
+    assert_ne!(other, "pg-0");
+    let e = d.events.iter().find(|e| e.reason == "ReplacingPod").expect("an Event");
+    assert!(e.message.contains("old revision") && e.message.contains("a clone of pg-0"), "{}", e.message);
+    assert_eq!(role(&d, "pg-0"), Some("primary"));
+    assert_eq!((role(&d, "pg-1"), role(&d, "pg-2")), (None, None), "in no Service");
+    let st = d.state;
+
+    // It comes back from the current revision; with no primary answering in time its entry script
+    // starts it as a standby of the data it has: another database system. It is stopped (to be
+    // cloned when it starts again), is in no Service, and never a candidate.
+    let mut back = m.clone();
+    for x in &mut back {
+        if x.pod == other {
+            *x = foreign(&other, true);
+            x.uid = format!("uid-{other}-new");
+        }
+    }
+    let d = decide(&st, &back, None, T0 + 1_000);
+    assert!(stops(&d).contains(&(other.clone(), "reclone")), "{:?}", stops(&d));
+    assert_eq!(role(&d, &other), None);
+    let mut gone = back.clone();
+    gone[0].answer = Some(Err("connection refused".into()));
+    gone[0].ready = false;
+    let mut st2 = decide(&d.state, &gone, None, T0 + 2_000).state;
+    for t in [T0 + 10_000, T0 + 20_000, T0 + 60_000] {
+        let d = decide(&st2, &gone, None, t);
+        assert!(promotions(&d).is_empty(), "never promoted: {:?}", d.requests);
+        assert_eq!(d.state.target, "pg-0", "never the target");
+        st2 = d.state;
+    }
+    assert_eq!(reason(&decide(&st2, &gone, None, T0 + 61_000)), "WaitingForPrimary");
 }
 
 #[test]
