@@ -130,11 +130,18 @@ impl Applier {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
         let missing = secret_writes(request, existing.and_then(|s| s.data.as_ref()), namespace)
             .map_err(|reason| Error::Resource(request.name.clone(), reason))?;
-        if missing.is_empty() {
+        let adopt = existing.and_then(|s| certificate_adoption(request, s, owner));
+        if missing.is_empty() && adopt.is_none() {
             return Ok(false);
         }
-        if existing.is_some() {
-            let patch = json!({ "data": missing });
+        if let Some(existing) = existing {
+            let mut patch = json!({ "metadata": { "resourceVersion": existing.metadata.resource_version } });
+            if let Some(references) = adopt {
+                patch["metadata"]["ownerReferences"] = references;
+            }
+            if !missing.is_empty() {
+                patch["data"] = json!(missing);
+            }
             api.patch(&request.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .map_err(|e| Error::api("patch", "Secret", &request.name, e))?;
@@ -307,6 +314,28 @@ fn not_ours(meta: &kube::core::ObjectMeta, owner: &Value) -> Option<String> {
     }
 }
 
+/// The owner references to give an existing certificate Secret that the release before this one
+/// made for the resource without any (it carries the labels this request asks for): with the
+/// resource as its controller the certificate keeper renews it. None for a Secret that has a
+/// controller, or lacks those labels (a Secret of the user's own is never taken).
+fn certificate_adoption(request: &SecretRequest, existing: &Secret, owner: &Value) -> Option<Value> {
+    if !super::service_certs::is_certificate_request(&request.labels) {
+        return None;
+    }
+    let meta = &existing.metadata;
+    let references = meta.owner_references.clone().unwrap_or_default();
+    if references.iter().any(|r| r.controller == Some(true)) {
+        return None;
+    }
+    let labels = meta.labels.as_ref()?;
+    if !request.labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+        return None;
+    }
+    let mut all: Vec<Value> = references.iter().filter_map(|r| serde_json::to_value(r).ok()).collect();
+    all.push(owner_reference(owner));
+    Some(Value::Array(all))
+}
+
 /// The controller owner reference to the custom resource.
 pub fn owner_reference(owner: &Value) -> Value {
     json!({
@@ -322,7 +351,7 @@ pub fn owner_reference(owner: &Value) -> Value {
 #[cfg(test)]
 #[allow(clippy::expect_used)]
 mod tests {
-    use super::{not_ours, secret_writes};
+    use super::{certificate_adoption, not_ours, secret_writes};
     use crate::runtime::SecretRequest;
     use k8s_openapi::ByteString;
     use serde_json::json;
@@ -399,5 +428,39 @@ mod tests {
             not_ours(&users, &owner).as_deref(),
             Some("was not created by stateward for RedisCluster cache")
         );
+    }
+
+    #[test]
+    fn a_certificate_secret_an_earlier_release_left_without_owner_is_adopted_and_no_other() {
+        let owner = json!({ "apiVersion": "stateward.dev/v1", "kind": "PostgresCluster", "metadata": { "name": "db", "uid": "u-1" } });
+        let request = SecretRequest {
+            name: "db-tls".into(),
+            keys: Vec::new(),
+            labels: vec![
+                ("stateward.dev/certificate".into(), "server".into()),
+                ("stateward.dev/instance".into(), "db".into()),
+            ],
+            derived: Vec::new(),
+        };
+        let secret = |meta: serde_json::Value| k8s_openapi::api::core::v1::Secret {
+            metadata: serde_json::from_value(meta).expect("meta"),
+            ..Default::default()
+        };
+        let labelled = json!({ "stateward.dev/certificate": "server", "stateward.dev/instance": "db" });
+        let old = secret(json!({ "name": "db-tls", "labels": labelled }));
+        let refs = certificate_adoption(&request, &old, &owner).expect("adopted");
+        assert_eq!(refs[0]["uid"], "u-1");
+        assert_eq!(refs[0]["controller"], true);
+        // Already controlled (by us or anyone): left alone.
+        let owned = secret(json!({ "name": "db-tls", "labels": labelled, "ownerReferences": [
+            { "apiVersion": "v1", "kind": "X", "name": "x", "uid": "u-9", "controller": true } ] }));
+        assert_eq!(certificate_adoption(&request, &owned, &owner), None);
+        // The user's own Secret of that name (no certificate label): never taken.
+        let users = secret(json!({ "name": "db-tls", "labels": { "stateward.dev/instance": "db" } }));
+        assert_eq!(certificate_adoption(&request, &users, &owner), None);
+        // Not a certificate request: credentials never get an owner (Retain keeps them).
+        let credentials =
+            SecretRequest { labels: vec![("stateward.dev/instance".into(), "db".into())], ..request };
+        assert_eq!(certificate_adoption(&credentials, &old, &owner), None);
     }
 }

@@ -14,6 +14,7 @@ use stateward_testkit::TestEnv;
 use super::e2e::{self, get_cr, summary, wait_for, POSTGRES};
 
 mod app;
+mod migration;
 mod rolling;
 mod scale;
 use super::{kubectl_ok, pod_ready, sample, start_operator, PG_IMAGE};

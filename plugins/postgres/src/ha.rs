@@ -191,6 +191,12 @@ impl State {
         self.current_uid.is_empty() && self.epoch == 0
     }
 
+    /// Status names a primary but none was confirmed: a cluster made by the release before this
+    /// one, which wrote `currentPrimary` (pod 0) alone, every member its own `initdb`.
+    pub fn taken_over(&self) -> bool {
+        self.bootstrapping() && !self.current.is_empty()
+    }
+
     /// Reads the fields [`State::to_status`] wrote; `first_pod` is the target when none is.
     pub fn from_status(status: Option<&Value>, first_pod: &str) -> State {
         let s =
@@ -248,7 +254,7 @@ impl State {
     }
 }
 
-/// The spec's part in the decisions.
+/// The spec's and the StatefulSet's part in the decisions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     pub failover_delay_ms: u64,
@@ -256,6 +262,9 @@ pub struct Settings {
     pub replicas: i64,
     /// A switchover target further behind than this (received, against the primary) is refused.
     pub max_switchover_lag_bytes: u64,
+    /// The StatefulSet's revision for the template rendered now is known, and so which members
+    /// are [`Member::outdated`] (not while the cache lags an apply).
+    pub revision_known: bool,
 }
 
 /// How long a switchover may take, from the decision to the new primary answering, before it
@@ -396,8 +405,13 @@ pub fn decide(
     // Requests wait for the reconcile after the one that decided them (rule 4).
     let mut decided_now = false;
 
-    // 1. Confirmation.
-    if let Some(t) = find(&st.target).filter(|t| t.is_primary()) {
+    // 1. Confirmation. The first primary must run the current revision: a server on an old one
+    // answering as the primary before any was confirmed is a cluster taken over from the release
+    // before this one, whose target is replaced first (see `roll`) so that it starts through the
+    // entry script, which makes it a primary the others can be cloned from.
+    let first_but_outdated =
+        |t: &Member| st.bootstrapping() && t.outdated || st.taken_over() && !settings.revision_known;
+    if let Some(t) = find(&st.target).filter(|t| t.is_primary() && !first_but_outdated(t)) {
         if st.current != t.pod || st.current_uid != t.uid {
             let how = if st.current.is_empty() { "the first primary" } else { "the primary" };
             d.events.push(event(EventType::Normal, "PrimaryConfirmed", format!("{} is {how}", t.pod)));
@@ -595,11 +609,15 @@ pub fn decide(
     // only start the same server again: it is replaced (one a reconcile) and comes back from the
     // current revision, whose entry script rewinds or clones it.
     let target_ok = find(&st.target).is_some_and(Member::is_primary) && st.target == st.current;
-    if !decided_now {
+    // A cluster taken over has a primary of its own on every member until its target, made
+    // again from the current revision, is confirmed: they are left as they are until then.
+    if !decided_now && !st.taken_over() {
         let foreign = |m: &Member| target_ok && m.is_foreign(&st.system_id);
         for m in members.iter().filter(|m| m.pod != st.target && (m.is_primary() || foreign(m))) {
             if m.outdated && m.pod != st.current {
-                if d.replace.is_none() {
+                // Replaced once there is a confirmed primary to clone from, one at a time.
+                let settled = members.iter().all(|x| !x.deleting && x.ready);
+                if d.replace.is_none() && target_ok && settled {
                     let what =
                         if foreign(m) { "serves another database system" } else { "answers as a primary" };
                     d.events.push(event(
@@ -666,7 +684,8 @@ pub fn decide(
         }
     }
 
-    // 6. Roles. In a switchover the target is labelled `primary` in the plan that promotes
+    // 6. Roles. A cluster taken over keeps its target (the release before this one sent writes
+    // there) behind `-rw` until it is replaced. In a switchover the target is labelled `primary` in the plan that promotes
     // it: the old primary has stopped cleanly by then, so no other server takes writes, and
     // `-rw` moves while the promotion runs instead of a reconcile after its answer (the write
     // gap was the stop, the promotion with its checkpoint, then that reconcile and the move).
@@ -681,6 +700,7 @@ pub fn decide(
             None
         } else if (m.pod == st.target && m.pod == st.current && m.uid == st.current_uid)
             || (promoted_now == Some(m.pod.as_str()) && m.is_standby())
+            || (st.taken_over() && m.pod == st.target && m.is_primary())
         {
             Some("primary")
         } else if m.is_streaming() && !fenced {

@@ -237,6 +237,7 @@ pub fn live(ctx: &Ctx, input: &LiveInput) -> Live {
         failover_delay_ms: spec::failover_delay_s(input.resource) * 1000,
         replicas: ctx.cluster.spec.replicas,
         max_switchover_lag_bytes: MAX_SWITCHOVER_LAG_BYTES,
+        revision_known: input.update_revision.is_some(),
     };
     let mut members = Vec::new();
     let mut keep = Vec::new();

@@ -9,8 +9,9 @@
 //! standby, last. A cluster of one has nobody to switch over to: its primary is replaced in
 //! place (it comes back fenced and is promoted again).
 //!
-//! Before the first primary answered (a new cluster, or one whose servers cannot be asked),
-//! pods are replaced by their readiness alone, as the StatefulSet controller would.
+//! Before the first primary answered (a new cluster, one whose servers cannot be asked, or one
+//! taken over from the release before this one), pods are replaced by their readiness alone,
+//! as the StatefulSet controller would, the target first.
 //!
 //! Scale-down never removes the primary: while it holds an ordinal at or past `spec.replicas`
 //! the StatefulSet is held at its size, and the plugin switches over to the best streaming
@@ -27,18 +28,27 @@ pub enum Step {
     Replace { pod: String, why: String },
 }
 
-/// Before any server answered as the primary there is no data to keep and nobody to ask: an
-/// outdated pod is replaced the way the StatefulSet controller would, highest ordinal first,
-/// one at a time, once every member that stays is Ready (the pods, not their servers, tell; so
-/// a roll also ends where no server can be asked at all).
-fn before_the_first_primary(members: &[Member], settings: &Settings) -> Option<Step> {
+/// Before any server answered as the primary there is nobody to ask: an outdated pod is
+/// replaced the way the StatefulSet controller would, highest ordinal first, one at a time,
+/// once every member that stays is Ready (the pods, not their servers, tell; so a roll also
+/// ends where no server can be asked at all).
+///
+/// The target goes first in a cluster taken over from the release before this one (status
+/// names a primary, none was confirmed; its pods on an old revision, each server its own
+/// `initdb`): the target holds the data to keep, and only its pod made from the current
+/// revision starts as a primary the others can be cloned from (the entry script makes the
+/// replication role and admits it).
+fn before_the_first_primary(st: &State, members: &[Member], settings: &Settings) -> Option<Step> {
     let staying: Vec<&Member> =
         members.iter().filter(|m| ordinal(&m.pod).is_none_or(|o| o < settings.replicas)).collect();
     let all_there = i64::try_from(staying.len()).is_ok_and(|n| n == settings.replicas);
     if !all_there || staying.iter().any(|m| m.deleting || !m.ready) {
         return None;
     }
-    let m = staying.iter().filter(|m| m.outdated).max_by_key(|m| (ordinal(&m.pod), m.pod.clone()))?;
+    let outdated = || staying.iter().filter(|m| m.outdated);
+    let m = outdated()
+        .find(|m| st.taken_over() && m.pod == st.target)
+        .or_else(|| outdated().max_by_key(|m| (ordinal(&m.pod), m.pod.clone())))?;
     Some(Step::Replace {
         pod: m.pod.clone(),
         why: "on an old revision, before the first primary answered".into(),
@@ -62,7 +72,7 @@ pub fn hold_replicas(states: &[&State], settings: &Settings) -> Option<i64> {
 /// The next step, if one may be taken now; see the module documentation.
 pub fn next(st: &State, members: &[Member], settings: &Settings) -> Option<Step> {
     if st.bootstrapping() {
-        return before_the_first_primary(members, settings);
+        return before_the_first_primary(st, members, settings);
     }
     if st.promoting || st.target != st.current {
         return None;

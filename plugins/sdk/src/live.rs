@@ -95,14 +95,18 @@ pub fn pods(children: &[Value]) -> Vec<PodView> {
 /// now, `template_hash` (None before: which pods are outdated is not known yet). The cache may
 /// lag one StatefulSet behind another after an apply; a plugin rolling several sets in an
 /// order would otherwise take a set not seen yet for one with nothing to roll. A StatefulSet
-/// without the hash (made by an earlier version, until its next apply) is taken as it is.
+/// without the hash (made by an earlier version) is not known either until the apply that
+/// stamps it: its revision is what the earlier version's template made, and a plugin taking
+/// over would take those pods for current ones.
 pub fn update_revision(children: &[Value], name: &str, template_hash: Option<&str>) -> Option<String> {
     let sts = children.iter().find(|c| {
         str_at(c, &["kind"]) == Some("StatefulSet") && str_at(c, &["metadata", "name"]) == Some(name)
     })?;
     let seen = str_at(sts, &["metadata", "annotations", TEMPLATE_HASH_ANNOTATION]);
-    if seen.is_some_and(|seen| template_hash.is_some_and(|want| want != seen)) {
-        return None;
+    if let Some(want) = template_hash {
+        if seen != Some(want) {
+            return None;
+        }
     }
     let generation = sts.pointer("/metadata/generation").and_then(Value::as_i64)?;
     let observed = sts.pointer("/status/observedGeneration").and_then(Value::as_i64)?;
@@ -415,9 +419,9 @@ mod tests {
 
     const T: Threshold = Threshold { key: "connections", reason: "ConnectionsNearLimit", times: 3 };
 
-    /// A StatefulSet's update revision counts once its controller has seen its spec and, if it
-    /// carries a template hash, that hash is the one rendered now; one without a hash (made by
-    /// an earlier build) is taken as it is.
+    /// A StatefulSet's update revision counts once its controller has seen its spec and it
+    /// carries the template hash rendered now; one without a hash (made by an earlier build)
+    /// counts only when the caller has no hash to compare.
     #[test]
     fn an_update_revision_counts_only_for_the_template_rendered_now() {
         let sts = |annotations: Value, observed: i64| {
@@ -431,7 +435,16 @@ mod tests {
         assert_eq!(update_revision(&sts(hashed.clone(), 2), "db", Some("aaaa")).as_deref(), Some("db-new"));
         assert_eq!(update_revision(&sts(hashed.clone(), 2), "db", Some("bbbb")), None, "an older template");
         assert_eq!(update_revision(&sts(hashed, 1), "db", Some("aaaa")), None, "spec not seen yet");
-        assert_eq!(update_revision(&sts(json!({}), 2), "db", Some("bbbb")).as_deref(), Some("db-new"));
+        assert_eq!(
+            update_revision(&sts(json!({}), 2), "db", Some("bbbb")),
+            None,
+            "an earlier version's, not stamped yet"
+        );
+        assert_eq!(
+            update_revision(&sts(json!({}), 2), "db", None).as_deref(),
+            Some("db-new"),
+            "no hash to compare"
+        );
         assert_eq!(update_revision(&sts(json!({}), 2), "other", Some("bbbb")), None);
     }
 

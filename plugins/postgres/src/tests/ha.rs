@@ -12,7 +12,12 @@ use crate::Postgres;
 const T0: u64 = 1_700_000_000_000;
 
 fn settings() -> Settings {
-    Settings { failover_delay_ms: 5_000, replicas: 3, max_switchover_lag_bytes: 16 << 20 }
+    Settings {
+        failover_delay_ms: 5_000,
+        replicas: 3,
+        max_switchover_lag_bytes: 16 << 20,
+        revision_known: true,
+    }
 }
 
 fn stats(in_recovery: bool, received: u64, replayed: u64, timeline: u32, streaming: bool) -> Stats {
@@ -704,26 +709,53 @@ fn a_cluster_made_by_the_last_release_keeps_pod_0_and_clones_the_others_again_ne
     // wrote only `currentPrimary` (pod 0) in status; its pods run an old revision.
     let old = State::from_status(Some(&json!({ "currentPrimary": "pg-0" })), "pg-0");
     assert_eq!(old.target, "pg-0");
+    assert!(old.taken_over());
+    // Until this build's apply is seen, the StatefulSet's revision is the old one: its pods look
+    // current, and nothing is confirmed or replaced.
+    let stale = vec![primary("pg-0", 1000), foreign("pg-1", false), foreign("pg-2", false)];
+    let unknown = Settings { revision_known: false, ..settings() };
+    let d = ha::decide(&old, &stale, &unknown, None, &Answers::default(), T0);
+    assert_eq!((d.state.current_uid.as_str(), replaced(&d)), ("", None), "nothing known yet");
+    assert!(d.requests.is_empty(), "{:?}", d.requests);
     let m = vec![
         outdated(primary("pg-0", 1000)),
         outdated(foreign("pg-1", false)),
         outdated(foreign("pg-2", false)),
     ];
     let d = decide(&old, &m, None, T0);
-    assert_eq!(
-        (d.state.current.as_str(), d.state.system_id.as_str()),
-        ("pg-0", SYSTEM),
-        "pod 0 is confirmed"
-    );
+    assert_eq!(d.state.current_uid, "", "a server of an old revision is not confirmed as the first primary");
+    assert_eq!(replaced(&d), Some("pg-0"), "pod 0 first: it starts again as the primary of its own data");
     assert!(promotions(&d).is_empty());
     assert!(stops(&d).is_empty(), "stopping an old revision's server only starts it again: {:?}", stops(&d));
-    let other = replaced(&d).expect("one former independent server replaced").to_string();
-    assert_ne!(other, "pg-0");
-    let e = d.events.iter().find(|e| e.reason == "ReplacingPod").expect("an Event");
-    assert!(e.message.contains("old revision") && e.message.contains("a clone of pg-0"), "{}", e.message);
+    let labelled: Vec<_> = d.roles.iter().filter(|(_, r)| r.is_some()).collect();
+    assert_eq!(
+        labelled,
+        [&("pg-0".to_string(), Some("primary"))],
+        "pod 0 stays behind -rw until it is replaced"
+    );
+    let st = d.state;
+
+    // pg-0 made again from the current revision answers as the primary: confirmed, with its
+    // database system; the others, primaries of their own on the old revision, are replaced one
+    // at a time to come back as clones of it.
+    let mut m0 = primary("pg-0", 1000);
+    m0.uid = "uid-pg-0-new".into();
+    let m = vec![m0, outdated(foreign("pg-1", false)), outdated(foreign("pg-2", false))];
+    let d = decide(&st, &m, None, T0 + 1_000);
+    assert_eq!((d.state.current_uid.as_str(), d.state.system_id.as_str()), ("uid-pg-0-new", SYSTEM));
     assert_eq!(role(&d, "pg-0"), Some("primary"));
+    assert!(stops(&d).is_empty(), "{:?}", stops(&d));
+    let other = replaced(&d).expect("a former independent server replaced").to_string();
+    assert_ne!(other, "pg-0");
+    let e = d.events.iter().rev().find(|e| e.reason == "ReplacingPod").expect("an Event");
+    assert!(e.message.contains("old revision") && e.message.contains("a clone of pg-0"), "{}", e.message);
     assert_eq!((role(&d, "pg-1"), role(&d, "pg-2")), (None, None), "in no Service");
     let st = d.state;
+    let mut away = m.clone();
+    for x in &mut away {
+        x.deleting = x.pod == other;
+    }
+    assert_eq!(replaced(&decide(&st, &away, None, T0 + 1_500)), None, "one at a time");
 
     // It comes back from the current revision; with no primary answering in time its entry script
     // starts it as a standby of the data it has: another database system. It is stopped (to be
@@ -735,13 +767,13 @@ fn a_cluster_made_by_the_last_release_keeps_pod_0_and_clones_the_others_again_ne
             x.uid = format!("uid-{other}-new");
         }
     }
-    let d = decide(&st, &back, None, T0 + 1_000);
+    let d = decide(&st, &back, None, T0 + 2_000);
     assert!(stops(&d).contains(&(other.clone(), "reclone")), "{:?}", stops(&d));
     assert_eq!(role(&d, &other), None);
     let mut gone = back.clone();
     gone[0].answer = Some(Err("connection refused".into()));
     gone[0].ready = false;
-    let mut st2 = decide(&d.state, &gone, None, T0 + 2_000).state;
+    let mut st2 = decide(&d.state, &gone, None, T0 + 3_000).state;
     for t in [T0 + 10_000, T0 + 20_000, T0 + 60_000] {
         let d = decide(&st2, &gone, None, t);
         assert!(promotions(&d).is_empty(), "never promoted: {:?}", d.requests);
