@@ -27,5 +27,6 @@ mod policy_live;
 mod rbac;
 mod reload_guard;
 mod tracing_jaeger;
+mod upgrade;
 mod volume_growth;
 mod webhooks;

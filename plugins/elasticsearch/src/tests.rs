@@ -610,14 +610,27 @@ fn an_unformed_cluster_is_never_held() {
     assert!(sent(&p, "PUT").is_empty() && sent(&p, "POST").is_empty());
 }
 
-/// Both node sets' StatefulSets making revision `new`, and their 3 + 3 Ready pods on `old`,
-/// but for those named in `replaced` (a new uid, on `new`).
-fn outdated_children(replaced: &[&str]) -> Vec<Value> {
+/// The template hash `cr` renders for the StatefulSet of node set `set`.
+fn template_hash(cr: &Value, set: &str) -> Value {
+    let rendered = Elasticsearch::reconcile(tk::observed(cr, &[])).unwrap();
+    tk::find_all(&rendered, "StatefulSet")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == format!("logs-{set}"))
+        .unwrap()["metadata"]["annotations"]["stateward.dev/template-hash"]
+        .clone()
+}
+
+/// Both node sets' StatefulSets making revision `new` from the template `cr` renders now, and
+/// their 3 + 3 Ready pods on `old`, but for those named in `replaced` (a new uid, on `new`).
+fn outdated_children(cr: &Value, replaced: &[&str]) -> Vec<Value> {
     let mut children = Vec::new();
     for set in ["masters", "data"] {
         children.push(json!({
             "apiVersion": "apps/v1", "kind": "StatefulSet",
-            "metadata": { "name": format!("logs-{set}"), "generation": 2 },
+            "metadata": {
+                "name": format!("logs-{set}"), "generation": 2,
+                "annotations": { "stateward.dev/template-hash": template_hash(cr, set) },
+            },
             "status": { "observedGeneration": 2, "updateRevision": format!("logs-{set}-new"), "currentRevision": format!("logs-{set}-old") },
         }));
         for i in 0..3 {
@@ -644,7 +657,7 @@ fn roll_plan(roll: Value, replaced: &[&str], responses: Vec<stateward_sdk::Respo
     if !roll.is_null() {
         cr["status"]["roll"] = roll;
     }
-    let mut children = outdated_children(replaced);
+    let mut children = outdated_children(&cr, replaced);
     children.push(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "logs-http"}}));
     let mut observed = tk::observed(&cr, &children);
     observed.responses = responses;
@@ -744,21 +757,10 @@ fn no_node_is_replaced_while_a_statefulset_shows_an_older_template() {
     let mut cr = node_sets_cr("opensearch");
     cr["metadata"]["generation"] = json!(9);
     cr["status"] = json!({ "formation": { "formedAt": 1, "masters": [] } });
-    let rendered = Elasticsearch::reconcile(tk::observed(&cr, &[])).unwrap();
-    let hash = |set: &str| {
-        tk::find_all(&rendered, "StatefulSet")
-            .into_iter()
-            .find(|s| s["metadata"]["name"] == format!("logs-{set}"))
-            .unwrap()["metadata"]["annotations"]["stateward.dev/template-hash"]
-            .clone()
-    };
+    let hash = |set: &str| template_hash(&cr, set);
     assert!(hash("data").is_string() && hash("data") != hash("masters"));
-    let mut children = outdated_children(&[]);
+    let mut children = outdated_children(&cr, &[]);
     children.push(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "logs-http"}}));
-    for c in children.iter_mut().filter(|c| c["kind"] == "StatefulSet") {
-        let set = c["metadata"]["name"].as_str().unwrap().trim_start_matches("logs-").to_string();
-        c["metadata"]["annotations"] = json!({ "stateward.dev/template-hash": hash(&set) });
-    }
     let mut observed = tk::observed(&cr, &children);
     observed.responses = vec![health("green", 6, 1_000)];
     let p = Elasticsearch::reconcile(observed.clone()).unwrap();
@@ -780,7 +782,7 @@ fn no_node_is_replaced_while_a_statefulset_shows_an_older_template() {
 fn an_unformed_cluster_rolls_by_readiness_one_node_at_a_time() {
     let mut cr = node_sets_cr("opensearch");
     cr["metadata"]["generation"] = json!(9);
-    let mut children = outdated_children(&[]);
+    let mut children = outdated_children(&cr, &[]);
     let p = Elasticsearch::reconcile(tk::observed(&cr, &children)).unwrap();
     assert_eq!(deleted(&p), ["logs-data-2"]);
     // The one just replaced missing from what the host saw, or back and not Ready: the next
