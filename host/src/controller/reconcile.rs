@@ -59,7 +59,7 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
     // A child controlled by another object (an earlier resource of this name that the garbage
     // collector has not reached yet) is not this resource's to change or delete.
     children.retain(|child| !controlled_by_other(child, &ctx.kind.kind, obj.metadata.uid.as_deref()));
-    let child_text: Vec<String> = children.iter().map(crate::children::plugin_view).collect();
+    let child_text = plugin_children(&children);
     let resource_text = resource.to_string();
     let now_ms = now_ms();
 
@@ -164,6 +164,26 @@ struct Certificates {
     /// The names they must carry: those of every Service the plan applies, once all are
     /// observed (see `service_certs::stamp_planned`); None when no check applies.
     names: Option<Result<String, String>>,
+}
+
+/// The children as the plugin is shown them: Secrets without their values; a StatefulSet this
+/// reconcile is about to stamp with a renewed certificate without its update revision, which
+/// is not yet the one its pods will be made from (see `service_certs::restamp_pending`).
+fn plugin_children(children: &[Value]) -> Vec<String> {
+    children
+        .iter()
+        .map(|child| {
+            if super::service_certs::restamp_pending(child, children) {
+                let mut set = child.clone();
+                if let Some(status) = set.get_mut("status").and_then(Value::as_object_mut) {
+                    status.remove("updateRevision");
+                }
+                set.to_string()
+            } else {
+                crate::children::plugin_view(child)
+            }
+        })
+        .collect()
 }
 
 /// Whether the plan applies a StatefulSet that is not among `children` yet.
@@ -581,6 +601,39 @@ fn now_rfc3339() -> String {
 mod tests {
     use super::controlled_by_other;
     use serde_json::json;
+
+    /// The plugin sees no update revision for an OnDelete set whose certificate was renewed
+    /// (its apply is yet to stamp it), the revision of every other set, and no Secret value.
+    #[test]
+    #[allow(clippy::expect_used)]
+    fn the_plugin_is_not_shown_the_revision_of_a_set_about_to_be_stamped_anew() {
+        use base64::Engine as _;
+        let b64 = |t: &str| base64::engine::general_purpose::STANDARD.encode(t);
+        let secret = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "db-tls", "labels": {"stateward.dev/certificate": "server"},
+                         "annotations": {"stateward.dev/cert-not-after": "1"}},
+            "data": {"tls.crt": b64("renewed"), "tls.key": b64("secret key")}});
+        let set = |name: &str, stamp: &str| {
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name},
+                "spec": {"updateStrategy": {"type": "OnDelete"}, "template": {
+                    "metadata": {"annotations": {"stateward.dev/certificates-sha256": stamp}},
+                    "spec": {"volumes": [{"name": "tls", "secret": {"secretName": "db-tls"}}]}}},
+                "status": {"updateRevision": format!("{name}-1")}})
+        };
+        let mut current = set("db-b", "");
+        crate::controller::service_certs::stamp_pod_template(
+            &mut current,
+            &std::collections::BTreeMap::from([("db-tls".to_string(), "renewed".to_string())]),
+        );
+        let children = [secret, set("db-a", "the old certificate's"), current];
+        let seen: Vec<serde_json::Value> = super::plugin_children(&children)
+            .iter()
+            .map(|t| serde_json::from_str(t).expect("json"))
+            .collect();
+        assert_eq!(seen[0]["data"]["tls.key"], "", "no Secret value");
+        assert!(seen[1]["status"].get("updateRevision").is_none(), "{}", seen[1]);
+        assert_eq!(seen[2]["status"]["updateRevision"], "db-b-1");
+    }
 
     /// Hardening finding 8: a finalizer or status write of a replica that does not lead is
     /// refused before it is sent (the API server here is a closed port: a write that went out

@@ -202,18 +202,12 @@ pub fn stamp_planned(
     requested: &BTreeSet<String>,
     names: Option<&Result<String, String>>,
 ) -> Result<(), String> {
-    use base64::Engine as _;
     let Some(template) = statefulset.pointer("/spec/template") else {
         return Ok(());
     };
-    let labelled = |c: &&Value| {
-        c["apiVersion"] == "v1"
-            && c["kind"] == "Secret"
-            && c.pointer("/metadata/labels").and_then(|l| l.get(CERTIFICATE_LABEL)) == Some(&json!("server"))
-    };
     let certificate_secrets: BTreeMap<&str, &Value> = children
         .iter()
-        .filter(labelled)
+        .filter(|c| is_certificate_secret(c))
         .filter_map(|c| Some((c.pointer("/metadata/name")?.as_str()?, c)))
         .collect();
     let mut certificates = BTreeMap::new();
@@ -223,7 +217,6 @@ pub fn stamp_planned(
             continue;
         }
         let issued = certificate_secrets.get(name.as_str()).and_then(|secret| {
-            secret.pointer(NOT_AFTER_POINTER)?;
             // A new StatefulSet waits for a certificate that names every Service (one issued
             // while some were not there yet is issued again as they come, which would roll
             // the pods just made).
@@ -233,9 +226,7 @@ pub fn stamp_planned(
                     return None;
                 }
             }
-            let encoded = secret.pointer(&format!("/data/{}", certs::TLS_CRT))?.as_str()?;
-            let pem = base64::engine::general_purpose::STANDARD.decode(encoded).ok()?;
-            String::from_utf8(pem).ok()
+            issued_pem(secret)
         });
         match issued {
             Some(pem) => {
@@ -274,6 +265,56 @@ pub fn stamp_planned(
         }
     }
     Ok(())
+}
+
+/// A Secret asking to be a server certificate ([`CERTIFICATE_LABEL`]).
+fn is_certificate_secret(c: &Value) -> bool {
+    c["apiVersion"] == "v1"
+        && c["kind"] == "Secret"
+        && c.pointer("/metadata/labels").and_then(|l| l.get(CERTIFICATE_LABEL)) == Some(&json!("server"))
+}
+
+/// The certificate (`tls.crt`, PEM) of a certificate Secret, once the keeper has issued it (it
+/// writes the expiry with it).
+fn issued_pem(secret: &Value) -> Option<String> {
+    use base64::Engine as _;
+    secret.pointer(NOT_AFTER_POINTER)?;
+    let encoded = secret.pointer(&format!("/data/{}", certs::TLS_CRT))?.as_str()?;
+    let pem = base64::engine::general_purpose::STANDARD.decode(encoded).ok()?;
+    String::from_utf8(pem).ok()
+}
+
+/// Whether this reconcile's apply will stamp the cached StatefulSet `statefulset` anew (a
+/// certificate it mounts was renewed): an `OnDelete` set (the plugin replaces its pods itself)
+/// whose every mounted certificate is issued and whose stamp differs from theirs. Until the new
+/// stamp is applied and seen, its update revision is the one the pods are leaving, not the one
+/// they will be made from: the plugin is shown the set without it (as after any change of the
+/// template it renders, see the template hash), so that a plugin rolling several sets in an order
+/// does not take a set whose new stamp the cache has not caught up with for one with nothing to
+/// roll. Sets that roll by themselves are left alone (see [`roll_in_progress`]).
+pub fn restamp_pending(statefulset: &Value, children: &[Value]) -> bool {
+    if statefulset["kind"] != "StatefulSet"
+        || statefulset.pointer("/spec/updateStrategy/type").and_then(Value::as_str) != Some("OnDelete")
+    {
+        return false;
+    }
+    let Some(template) = statefulset.pointer("/spec/template") else {
+        return false;
+    };
+    let mounted = mounted_secrets(template);
+    let mut certificates = BTreeMap::new();
+    for secret in children.iter().filter(|c| is_certificate_secret(c)) {
+        let name = secret.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        if !mounted.contains(name) {
+            continue;
+        }
+        // One not issued yet: the stamp applied is the one there (see `stamp_planned`).
+        let Some(pem) = issued_pem(secret) else { return false };
+        certificates.insert(name.to_string(), pem);
+    }
+    let mut planned = statefulset.clone();
+    stamp_pod_template(&mut planned, &certificates)
+        && planned.pointer(POD_ANNOTATION_POINTER) != statefulset.pointer(POD_ANNOTATION_POINTER)
 }
 
 /// Whether a StatefulSet (as JSON) is in the middle of a rolling update: its controller has not
@@ -751,6 +792,32 @@ mod tests {
         assert!(unrelated["spec"]["template"].get("metadata").is_none());
         assert!(is_certificate_request(&[(CERTIFICATE_LABEL.to_string(), "server".to_string())]));
         assert!(!is_certificate_request(&[]));
+    }
+
+    /// A cached OnDelete set whose certificate was renewed is to be stamped anew by this
+    /// reconcile: its update revision is hidden from the plugin until then; not a set that
+    /// carries the stamp already, one whose certificate is not issued, or one that rolls itself.
+    #[test]
+    fn an_on_delete_set_about_to_be_stamped_anew_is_pending() {
+        let secret = |crt: &str| {
+            json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "db-tls", "labels": {CERTIFICATE_LABEL: "server"}, "annotations": {certs::CERT_NOT_AFTER: "1"}},
+                "data": {"tls.crt": base64_of(crt)}})
+        };
+        let mut sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db"},
+            "spec": {"updateStrategy": {"type": "OnDelete"},
+                     "template": {"spec": {"volumes": [{"name": "tls", "secret": {"secretName": "db-tls"}}]}}},
+            "status": {"updateRevision": "db-1"}});
+        stamp_pod_template(&mut sts, &BTreeMap::from([("db-tls".to_string(), "A".to_string())]));
+        assert!(!restamp_pending(&sts, &[secret("A")]), "stamped with the certificate it has");
+        assert!(restamp_pending(&sts, &[secret("B")]), "renewed: the next apply stamps it anew");
+        let mut placeholder = secret("B");
+        placeholder["metadata"]["annotations"] = json!({});
+        assert!(!restamp_pending(&sts, &[placeholder]), "not issued: the stamp stays");
+        let mut rolling = sts.clone();
+        rolling["spec"]["updateStrategy"] = json!({"type": "RollingUpdate"});
+        assert!(!restamp_pending(&rolling, &[secret("B")]), "rolls by itself");
+        assert!(!restamp_pending(&secret("B"), &[secret("B")]), "not a StatefulSet");
     }
 
     /// A planned StatefulSet waits for its certificates before it is created (its pods would
