@@ -6,6 +6,7 @@
 //! at once), every claim is kept, and the Services its clients used keep their names, now
 //! selecting by role. What the servers do on such a takeover is shown on real pods
 //! (`pg_ha::migration`, `redis_ha::migration`).
+#![allow(clippy::expect_used, clippy::panic)]
 
 use crate::e2e;
 
