@@ -17,6 +17,7 @@ use super::pg_ha::{endpoints, enter_with_operator};
 use super::{kubectl_ok, pod_ready, sample, REDIS_IMAGE};
 
 mod cluster;
+mod migration;
 
 /// Keys each test writes and reads back.
 const KEYS: usize = 1000;

@@ -184,7 +184,12 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         }
         members.push(m);
     }
-    let previous = input.status.and_then(|s| s.get("master")).and_then(Value::as_str);
+    let first = ctx.pod(0);
+    let previous = input
+        .status
+        .and_then(|s| s.get("master"))
+        .and_then(Value::as_str)
+        .or_else(|| (replication && taken_over(input, &members, &first)).then_some(first.as_str()));
     let d = roles::decide_promoted(&members, previous, switchover_promoted(input, &members).as_deref());
     let held: Vec<Option<bool>> = members
         .iter()
@@ -287,12 +292,20 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         let newly_asked = annotation.map(str::trim).is_some_and(|a| !a.is_empty() && a != prev.asked);
         if !prev.active() && !newly_asked {
             match roll::next(
-                &roll_pods(input, &d),
+                &roll_pods(input, &d, &members),
                 ctx.cluster.spec.replicas,
                 d.master.as_deref(),
                 previous.is_some(),
             ) {
                 Some(roll::Step::Replace { pod, why }) if !named_by_a_sentinel(&members, &pod) => {
+                    live.replace_pod(pod, &why)
+                }
+                // Every Sentinel that answers names it, and enough answer to fail over.
+                Some(roll::Step::ReplaceMaster { pod, why })
+                    if d.named.as_deref() == Some(pod.as_str())
+                        && d.votes.0 == d.votes.1
+                        && i64::try_from(d.votes.1).is_ok_and(|n| n >= quorum) =>
+                {
                     live.replace_pod(pod, &why)
                 }
                 Some(roll::Step::Switchover { to, why }) if switchover::may_begin(&prev, input.now_ms) => {
@@ -836,22 +849,38 @@ pub fn failover_stall(input: &LiveInput, members: &[Member], named: Option<&str>
 }
 
 /// The pods as the roll sees them: their readiness, revision and the role just decided.
-fn roll_pods(input: &LiveInput, d: &roles::Decision) -> Vec<roll::Pod> {
+fn roll_pods(input: &LiveInput, d: &roles::Decision, members: &[Member]) -> Vec<roll::Pod> {
     input
         .pods
         .iter()
-        .map(|p| roll::Pod {
+        .zip(members)
+        .map(|(p, m)| roll::Pod {
             name: p.name.clone(),
             ready: p.ready,
             deleting: p.deleting,
-            outdated: input
-                .update_revision
-                .as_deref()
-                .is_some_and(|r| !p.revision.is_empty() && p.revision != r),
+            outdated: outdated(input, p),
             role: d.roles.iter().find(|(n, _)| *n == p.name).and_then(|(_, r)| *r),
             lag: d.lag.get(&p.name).copied().flatten(),
+            answers: matches!(m.server, Some(Ok(_))),
         })
         .collect()
+}
+
+/// Made from an older revision of the StatefulSet than the one it makes pods from now (false
+/// while that is not known).
+fn outdated(input: &LiveInput, pod: &PodView) -> bool {
+    input.update_revision.as_deref().is_some_and(|r| !pod.revision.is_empty() && pod.revision != r)
+}
+
+/// A cluster the release before this one made and this build takes over: no master was ever
+/// recorded, and pod 0 (that release's master, always) is on an old revision and its server
+/// gives no answer (that release started it without the credentials this build's requests
+/// use). Pod 0 is then the master confirmed last: it stays behind the Services while the
+/// replicas are replaced, until the Sentinels fail over from it (see [`roll`]).
+fn taken_over(input: &LiveInput, members: &[Member], first: &str) -> bool {
+    input.pods.iter().zip(members).any(|(p, m)| {
+        p.name == first && !p.deleting && outdated(input, p) && !matches!(m.server, Some(Ok(_)))
+    })
 }
 
 /// One instance in status: what its server said, or why it said nothing.

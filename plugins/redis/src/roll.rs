@@ -16,6 +16,13 @@
 //! Before any master was confirmed (a new cluster) there is nothing to keep and nobody to ask:
 //! outdated pods are replaced by their readiness alone, as the StatefulSet controller would.
 //! While no master is confirmed later on (a failover under way), nothing is replaced.
+//!
+//! A pod on an old revision whose server cannot be asked (the release before this one started
+//! its servers without the credentials this build's requests use) is no obstacle: the replicas
+//! are replaced first, as any outdated replica; the master, which cannot be paused for a
+//! switchover, is replaced once every other pod is an updated replica linked to it
+//! ([`Step::ReplaceMaster`]): on SIGTERM a Redis 7 master holds writes and waits for its
+//! replicas to catch up before it exits, and the Sentinels fail over to one of them.
 
 /// A pod as the roll sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +36,8 @@ pub struct Pod {
     pub role: Option<&'static str>,
     /// A replica's bytes behind the master, if known.
     pub lag: Option<u64>,
+    /// Its server answered the last poll.
+    pub answers: bool,
 }
 
 /// What to do next.
@@ -38,6 +47,9 @@ pub enum Step {
     Replace { pod: String, why: String },
     /// Switch over from the master to `to`.
     Switchover { to: String, why: String },
+    /// Delete the master's pod `pod`, on an old revision and not answering: the Sentinels fail
+    /// over to an updated replica (see the module documentation).
+    ReplaceMaster { pod: String, why: String },
 }
 
 /// The pod's ordinal in the StatefulSet (`<name>-<n>`).
@@ -66,6 +78,15 @@ pub fn next(pods: &[Pod], replicas: i64, master: Option<&str>, formed: bool) -> 
             why: "on an old revision, before the first master answered".into(),
         });
     };
+    if let Some(pod) =
+        highest_outdated(&mut staying.iter().filter(|p| p.name != master && p.role.is_none() && !p.answers))
+    {
+        return Some(Step::Replace {
+            pod,
+            why: "a replica on an old revision whose server cannot be asked (replicas first, one at a time)"
+                .into(),
+        });
+    }
     if !staying.iter().all(|p| p.name == master || p.role == Some("replica")) {
         return None;
     }
@@ -89,6 +110,12 @@ pub fn next(pods: &[Pod], replicas: i64, master: Option<&str>, formed: bool) -> 
         return None;
     }
     // Only the master is left on the old revision.
+    if staying.iter().any(|p| p.name == master && !p.answers) {
+        return Some(Step::ReplaceMaster {
+            pod: master.to_string(),
+            why: format!("{master}, the last pod on an old revision, cannot be asked for a switchover: its shutdown waits for the replicas, the Sentinels fail over"),
+        });
+    }
     let to = staying
         .iter()
         .filter(|p| p.name != master && !p.outdated)

@@ -12,6 +12,7 @@ fn pods(list: &[(&str, bool, bool, Option<&'static str>)]) -> Vec<Pod> {
             outdated: *outdated,
             role: *role,
             lag: (*role == Some("replica")).then_some(if *name == "c-1" { 10 } else { 0 }),
+            answers: true,
         })
         .collect()
 }
@@ -52,6 +53,37 @@ fn replicas_go_first_highest_ordinal_first_then_a_switchover_then_the_old_master
     assert_eq!(replaced(next(&switched, 3, Some("c-2"), true)), replace("c-1"));
     let done = pods(&[("c-0", true, false, R), ("c-1", true, false, R), ("c-2", true, false, M)]);
     assert_eq!(next(&done, 3, Some("c-2"), true), None);
+}
+
+/// A cluster the release before this one made: every pod on an old revision, no server
+/// answering this build's requests; c-0, its master, is kept as the master. The replicas are
+/// replaced first, one at a time; the master, which cannot be paused for a switchover, last,
+/// once both replicas are updated and linked to it (the Sentinels fail over as it shuts down).
+#[test]
+fn a_cluster_of_the_last_release_replaces_its_silent_replicas_then_its_master() {
+    let silent = |mut p: Vec<Pod>| {
+        for x in &mut p {
+            x.answers = !x.outdated;
+        }
+        p
+    };
+    let old = silent(pods(&[("c-0", true, true, M), ("c-1", true, true, None), ("c-2", true, true, None)]));
+    assert_eq!(replaced(next(&old, 3, Some("c-0"), true)), replace("c-2"));
+    let one = silent(pods(&[("c-0", true, true, M), ("c-1", true, true, None), ("c-2", true, false, R)]));
+    assert_eq!(replaced(next(&one, 3, Some("c-0"), true)), replace("c-1"));
+    // c-1 back but not linked yet: the master waits.
+    let unlinked =
+        silent(pods(&[("c-0", true, true, M), ("c-1", true, false, None), ("c-2", true, false, R)]));
+    assert_eq!(next(&unlinked, 3, Some("c-0"), true), None);
+    let linked = silent(pods(&[("c-0", true, true, M), ("c-1", true, false, R), ("c-2", true, false, R)]));
+    assert!(
+        matches!(next(&linked, 3, Some("c-0"), true), Some(Step::ReplaceMaster { pod, .. }) if pod == "c-0"),
+        "{:?}",
+        next(&linked, 3, Some("c-0"), true)
+    );
+    // A master that answers is switched over from as always, never replaced.
+    let answering = pods(&[("c-0", true, true, M), ("c-1", true, false, R), ("c-2", true, false, R)]);
+    assert!(matches!(next(&answering, 3, Some("c-0"), true), Some(Step::Switchover { .. })));
 }
 
 #[test]
@@ -454,4 +486,38 @@ fn a_fenced_server_refuses_writes_and_an_unfenced_one_takes_them_again() {
         w[0].0.starts_with("unfence-cache-0-") && w[0].1 == "CONFIG SET min-replicas-to-write 0\n",
         "{w:?}"
     );
+}
+
+/// Taken over from the release before this one: no master in status, every pod on an old
+/// revision, no Sentinel, and no server answering this build's requests (its containers lack
+/// the credentials). Pod 0, that release's master, keeps the master label (so the Service of
+/// the cluster's name keeps selecting it) and the highest replica is replaced first.
+#[test]
+fn a_cluster_of_the_last_release_keeps_pod_0_behind_its_services_while_its_replicas_go() {
+    use stateward_sdk::{Action, Service};
+    let mut o = observed(serde_json::json!({}));
+    o.responses = (0..3)
+        .map(|i| answer(format!("info-cache-{i}-cache-{i}--r0"), "NOAUTH Authentication required.\n"))
+        .collect();
+    let p = super::Redis::reconcile(o).unwrap();
+    let label = |pod: &str| {
+        p.actions.iter().find_map(|a| match a {
+            Action::LabelPod(l) if l.pod == pod => {
+                l.labels.iter().find(|(k, _)| k == "stateward.dev/role").map(|(_, v)| v.clone())
+            }
+            _ => None,
+        })
+    };
+    assert_eq!(label("cache-0"), Some(Some("master".to_string())));
+    assert_eq!((label("cache-1"), label("cache-2")), (Some(None), Some(None)), "no role");
+    let deleted: Vec<&str> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Delete(o) if o.kind == "Pod" => Some(o.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, ["cache-2"]);
+    assert_eq!(tk_status_master(&p), "cache-0", "recorded: the next reconcile knows it");
 }
