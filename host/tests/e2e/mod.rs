@@ -34,6 +34,7 @@ pub const FINALIZER: &str = "stateward.dev/cleanup";
 
 #[path = "../common/mod.rs"]
 mod common;
+pub mod last_release;
 // Every test binary uses a different part of these.
 #[allow(unused_imports)]
 pub use common::{

@@ -11,13 +11,11 @@
 use crate::e2e;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use e2e::*;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::Api;
-use serde::Deserialize as _;
 use serde_json::{json, Value};
 use stateward_testkit::TestEnv;
 
@@ -28,15 +26,6 @@ const SAMPLES: [(&str, &str, &str); 3] = [
     ("elasticsearch.yaml", "ElasticsearchCluster", "logs"),
 ];
 
-fn fixture(file: &str) -> Vec<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/last-release").join(file);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    yaml_serde::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).expect("fixture yaml"))
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
 /// `kubectl get <target> -o json`.
 fn get_json(env: &TestEnv, target: &str) -> Value {
     let out =
@@ -45,18 +34,14 @@ fn get_json(env: &TestEnv, target: &str) -> Value {
     serde_json::from_slice(&out.stdout).expect("json")
 }
 
-/// The children as the last release's operator applied them: server-side apply, field manager
-/// `stateward`, each controlled by the resource, but the Secrets (its host created those with no
-/// owner); their placeholder values made real enough to be read.
-fn apply_children(env: &TestEnv, file: &str, owner: &Value) -> Vec<(String, String)> {
-    let mut names = Vec::new();
-    let mut items = Vec::new();
-    for mut o in fixture(file) {
-        if let Some(meta) = o["metadata"].as_object_mut() {
-            meta.remove("namespace");
-        }
-        let kind = o["kind"].as_str().unwrap_or_default().to_string();
-        if kind == "Secret" {
+/// The children as the last release's operator applied them (see `last_release::apply`), each
+/// controlled by the resource but the Secrets (its host created those with no owner); their
+/// placeholder values made real enough to be read. Returns their (kind, name).
+fn apply_children(env: &TestEnv, file: &str, cr: &Value) -> Vec<(String, String)> {
+    let owner = last_release::owner_reference(cr);
+    let mut items = last_release::documents(&last_release::fixture_text(file));
+    for o in &mut items {
+        if o["kind"] == "Secret" {
             if let Some(data) = o["stringData"].as_object_mut() {
                 for v in data.values_mut() {
                     *v = json!("placeholder-value-of-the-last-release");
@@ -68,26 +53,17 @@ fn apply_children(env: &TestEnv, file: &str, owner: &Value) -> Vec<(String, Stri
         } else {
             o["metadata"]["ownerReferences"] = json!([owner]);
         }
-        names.push((kind, o["metadata"]["name"].as_str().unwrap_or_default().to_string()));
-        items.push(o);
     }
-    let list = json!({ "apiVersion": "v1", "kind": "List", "items": items });
-    let out = kubectl_stdin(
-        env,
-        &[
-            "apply",
-            "-n",
-            &env.namespace,
-            "--server-side",
-            "--field-manager=stateward",
-            "--force-conflicts",
-            "-f",
-            "-",
-        ],
-        &list.to_string(),
-    );
-    assert!(out.status.success(), "applying {file}: {}", String::from_utf8_lossy(&out.stderr));
-    names
+    last_release::apply(env, &items);
+    items
+        .iter()
+        .map(|o| {
+            (
+                o["kind"].as_str().unwrap_or_default().to_string(),
+                o["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
 }
 
 /// The uid of every object named, by (kind, name).
@@ -110,7 +86,7 @@ async fn the_last_releases_samples_are_taken_over_in_place() {
     // The resources, their status and their children as the last release left them.
     let mut children = Vec::new();
     let mut instances = Vec::new();
-    for mut cr in fixture("samples.yaml") {
+    for mut cr in last_release::documents(&last_release::fixture_text("samples.yaml")) {
         let (file, kind, name) = SAMPLES
             .iter()
             .find(|(_, k, _)| cr["kind"] == json!(k))
@@ -132,11 +108,7 @@ async fn the_last_releases_samples_are_taken_over_in_place() {
             .output()
             .expect("kubectl");
         assert!(out.status.success(), "status of {name}: {}", String::from_utf8_lossy(&out.stderr));
-        let owner = json!({
-            "apiVersion": "stateward.dev/v1", "kind": kind, "name": name,
-            "uid": made["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
-        });
-        children.extend(apply_children(&env, file, &owner));
+        children.extend(apply_children(&env, file, &made));
         instances.push((kind, name));
     }
     for (_, name) in &instances {

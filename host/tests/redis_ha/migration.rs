@@ -11,174 +11,17 @@
 //! here as its operator applied them, before this build's operator starts.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use serde::Deserialize as _;
-use sha2::{Digest as _, Sha256};
 use stateward_testkit::real::RealPods;
 use stateward_testkit::LoopbackCert;
 
 use super::*;
+use crate::e2e::last_release;
 use crate::pg_ha::cr_events;
 use crate::start_operator;
-
-/// A password like the ones the old host generated (24 characters of its alphabet).
-fn random_password() -> String {
-    use rand::RngExt as _;
-    const ALPHABET: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789";
-    let mut rng = rand::rng();
-    (0..24).map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())])).collect()
-}
-
-/// The status the last release left on a converged three-member cluster: its host's phase,
-/// conditions, observedGeneration and plugin stamp, its plugin's `mode` and `readyReplicas`.
-/// (No `master`: that release named none; `pluginDigest`, the old build's, is left out.)
-fn last_release_status(generation: i64) -> Value {
-    let now = format!("{:.0}", k8s_openapi::jiff::Timestamp::now());
-    let condition = |type_: &str, status: &str, reason: &str, message: &str| {
-        json!({
-            "type": type_, "status": status, "reason": reason, "message": message,
-            "lastTransitionTime": now,
-        })
-    };
-    json!({
-        "phase": "Running",
-        "conditions": [
-            condition("Available", "True", "AllReplicasReady", "3 of 3 replicas ready"),
-            condition("Progressing", "False", "Converged", "3 of 3 replicas ready"),
-            condition("Degraded", "False", "AsExpected", "nothing has failed"),
-        ],
-        "observedGeneration": generation,
-        "plugin": "redis@0.1.0",
-        "readyReplicas": 3,
-        "mode": "replication",
-    })
-}
-
-/// What the certificate keeper stamps on a pod template mounting the Secret `tls` whose
-/// `tls.crt` is `cert_pem` (stamp_pod_template, at a3d9881 and now).
-fn certificate_stamp(tls: &str, cert_pem: &[u8]) -> String {
-    let mut h = Sha256::new();
-    h.update(tls.as_bytes());
-    h.update([0]);
-    h.update(Sha256::digest(cert_pem));
-    hex::encode(h.finalize())
-}
-
-/// The last release's children of the resource `name`, from the fixture (see its header), as
-/// its operator left them: every object but the Secrets controlled by the resource
-/// (`owner_reference`); the Secrets (no owner reference, as its host created them) hold
-/// `password` and the certificate `cert` with the expiry annotation its certificate keeper
-/// wrote, and the pod template carries the keeper's stamp of that certificate. The image is the
-/// local one; the container's command is the old release's own (`sh -c`, then `redis-server`).
-fn last_release_objects(
-    name: &str,
-    owner_reference: &Value,
-    password: &str,
-    cert: &LoopbackCert,
-) -> Vec<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/last-release/redis.yaml");
-    let text = std::fs::read_to_string(&path).expect("the last release's fixture");
-    // The sample's name is also the component label's value, which stays.
-    let text = text
-        .replace("app.kubernetes.io/component: cache", "app.kubernetes.io/component: @COMPONENT@")
-        .replace("cache", name)
-        .replace("@COMPONENT@", "cache")
-        .replace("'7.4'", "'7.0'")
-        .replace("image: redis:7.4", &format!("image: {REDIS_IMAGE}"));
-    let tls = format!("{name}-tls");
-    let stamp = certificate_stamp(&tls, cert.cert_pem.as_bytes());
-    // The certificate lives longer than this (rcgen's default); the old keeper wrote the expiry.
-    let not_after = k8s_openapi::jiff::Timestamp::now().as_second() + 365 * 24 * 3600;
-
-    let mut objects = Vec::new();
-    for doc in yaml_serde::Deserializer::from_str(&text) {
-        let mut o = Value::deserialize(doc).expect("fixture yaml");
-        if o.is_null() {
-            continue;
-        }
-        if let Some(meta) = o["metadata"].as_object_mut() {
-            meta.remove("namespace");
-        }
-        let object_name = o["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let kind = o["kind"].as_str().unwrap_or_default().to_string();
-        match kind.as_str() {
-            "Secret" if object_name == format!("{name}-credentials") => {
-                o["stringData"] = json!({ "password": password });
-            }
-            "Secret" if object_name == tls => {
-                o["stringData"] =
-                    json!({ "tls.crt": cert.cert_pem, "tls.key": cert.key_pem, "ca.crt": cert.ca_pem });
-                o["metadata"]["annotations"]["stateward.dev/cert-not-after"] = json!(not_after.to_string());
-            }
-            "Secret" => panic!("a Secret the fixture should not have: {object_name}"),
-            _ => {
-                o["metadata"]["ownerReferences"] = json!([owner_reference]);
-                if kind == "StatefulSet" {
-                    let container = &o["spec"]["template"]["spec"]["containers"][0];
-                    assert_eq!(container["image"], json!(REDIS_IMAGE), "the fixture's image substituted");
-                    assert_eq!(
-                        container["env"][1]["value"],
-                        json!(format!("{name}-0.{name}-headless")),
-                        "the fixture's name substituted"
-                    );
-                    o["spec"]["template"]["metadata"]["annotations"]["stateward.dev/certificates-sha256"] =
-                        json!(stamp);
-                }
-            }
-        }
-        objects.push(o);
-    }
-    objects
-}
-
-/// Applies `objects` as the last release's host did: server-side apply, field manager
-/// `stateward`, forced. The manager matters: this build applies with the same one, so what the
-/// old release set and this one no longer does (the container's command and `PRIMARY_HOST`, the
-/// rolling-update partition, the Service's pod-name selector) goes with its first apply, as in a
-/// real upgrade.
-fn apply_as_last_release(env: &TestEnv, objects: &[Value]) {
-    let list = json!({ "apiVersion": "v1", "kind": "List", "items": objects });
-    let out = e2e::kubectl_stdin(
-        env,
-        &[
-            "apply",
-            "-n",
-            &env.namespace,
-            "--server-side",
-            "--field-manager=stateward",
-            "--force-conflicts",
-            "-f",
-            "-",
-        ],
-        &list.to_string(),
-    );
-    assert!(
-        out.status.success(),
-        "applying the last release's objects: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The pods of the cluster `instance` (none on an error: the caller polls).
-async fn instance_pods(env: &TestEnv, instance: &str) -> Vec<Pod> {
-    let pods: Api<Pod> = env.api();
-    let by_instance = ListParams::default().labels(&format!("{}={instance}", e2e::INSTANCE_LABEL));
-    pods.list(&by_instance).await.map(|l| l.items).unwrap_or_default()
-}
-
-/// Whether the pod is Ready.
-fn ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
 
 /// For a failure: the pods, the StatefulSet's status, and each member's last log lines (its
 /// previous container's too when it restarted), through the API server only.
@@ -241,30 +84,36 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
     let pod_names: Vec<String> = (0..3).map(|i| format!("{name}-{i}")).collect();
     let api = REDIS.api(&env);
 
-    // The resource as the old release left it: made and reconciled by it (its finalizer, its
-    // status), before this build's operator runs. The CRDs are this build's (the old status
-    // fits them); the operator's start would install them, so that is done here first.
-    e2e::prepare(&env);
-    let mut cr = sample("RedisCluster", name, REDIS_IMAGE, 3);
-    cr["metadata"]["finalizers"] = json!([e2e::FINALIZER]);
-    e2e::apply(&env, &env.namespace, &cr);
-    let created = get_cr(&api, name).await.expect("CR");
-    let generation = created.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(1);
-    api.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(&json!({ "status": last_release_status(generation) })),
-    )
-    .await
-    .expect("the last release's status");
+    // The resource as the old release left it, with its children: the local image; the
+    // container's command is that release's own (`sh -c`, then `redis-server`). The sample's
+    // name is also the component label's value, which stays.
+    let text = last_release::fixture_text("redis.yaml")
+        .replace("app.kubernetes.io/component: cache", "app.kubernetes.io/component: @COMPONENT@")
+        .replace("cache", name)
+        .replace("@COMPONENT@", "cache")
+        .replace("'7.4'", "'7.0'")
+        .replace("image: redis:7.4", &format!("image: {REDIS_IMAGE}"));
     let cert = LoopbackCert::generate().expect("a certificate");
-    // The owner reference the old applier set (owner_reference at a3d9881).
-    let owner = json!({
-        "apiVersion": cr["apiVersion"], "kind": cr["kind"], "name": name,
-        "uid": created["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
-    });
-    assert!(owner["uid"].is_string(), "{created}");
-    apply_as_last_release(&env, &last_release_objects(name, &owner, &random_password(), &cert));
+    let substituted = |sts: &mut Value| {
+        let container = &sts["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(container["image"], json!(REDIS_IMAGE), "the fixture's image substituted");
+        assert_eq!(
+            container["env"][1]["value"],
+            json!(format!("{name}-0.{name}-headless")),
+            "the fixture's name substituted"
+        );
+    };
+    // (No `master`: that release named none.)
+    let extra = json!({ "mode": "replication" });
+    last_release::make(
+        &env,
+        &api,
+        sample("RedisCluster", name, REDIS_IMAGE, 3),
+        "redis@0.1.0",
+        extra,
+        |cr| last_release::children(&text, cr, &cert, substituted),
+    )
+    .await;
     crate::apply_json(&env, &[client_pod(name, &[])]);
     for p in &pod_names {
         pod_ready(&env, p, Duration::from_secs(180)).await;
@@ -289,12 +138,8 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
     }
     let claims = e2e::pvc_uids(&env, name).await;
     assert_eq!(claims.len(), 3, "{claims:?}");
-    let mut uids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for p in instance_pods(&env, name).await {
-        uids.entry(p.metadata.name.unwrap_or_default())
-            .or_default()
-            .insert(p.metadata.uid.unwrap_or_default());
-    }
+    let mut rollout = last_release::Rollout::default();
+    rollout.poll(&env, name, &pod_names).await;
     let legacy_before = endpoints(&env, name).await;
     assert_eq!(legacy_before, BTreeSet::from([pod_names[0].clone()]), "{name} selects pod 0");
     eprintln!(
@@ -334,7 +179,6 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
     // Ready, the certificate the keeper issued stamped on the template, a master confirmed in
     // status and behind both `-master` and the old name, the two others linked replicas behind
     // `-replicas`. Pods made again are counted by their uids; every master status names is kept.
-    let sets: Api<StatefulSet> = env.api();
     let secrets: Api<Secret> = env.api();
     let mut masters_named = Vec::<(Duration, String)>::new();
     let (mut legacy_empty, mut legacy_first_moved, mut last_poll) = (Duration::ZERO, None, Instant::now());
@@ -373,23 +217,8 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
             legacy_first_moved = Some(started.elapsed());
         }
         last_poll = Instant::now();
-        let now = instance_pods(&env, name).await;
-        for p in &now {
-            uids.entry(p.metadata.name.clone().unwrap_or_default())
-                .or_default()
-                .insert(p.metadata.uid.clone().unwrap_or_default());
-        }
-        let set = sets.get_opt(name).await.ok().flatten();
-        let on_delete = set
-            .as_ref()
-            .and_then(|s| s.spec.as_ref())
-            .and_then(|s| s.update_strategy.as_ref())
-            .and_then(|u| u.type_.as_deref())
-            == Some("OnDelete");
-        let revision = set.as_ref().and_then(|s| s.status.as_ref()).and_then(|s| s.update_revision.clone());
-        let observed = set.as_ref().is_some_and(|s| {
-            s.status.as_ref().and_then(|st| st.observed_generation) == s.metadata.generation
-        });
+        let last_release::Seen { statefulset: set, on_delete, observed, revision, outdated } =
+            rollout.poll(&env, name, &pod_names).await;
         // The certificate this build's keeper issued (for the Services it makes: it names
         // them), and the template stamped with it.
         let tls = secrets.get_opt(&format!("{name}-tls")).await.ok().flatten();
@@ -400,7 +229,7 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
             .as_ref()
             .and_then(|s| s.data.as_ref())
             .and_then(|d| d.get("tls.crt"))
-            .map(|c| certificate_stamp(&format!("{name}-tls"), &c.0));
+            .map(|c| last_release::certificate_stamp(&format!("{name}-tls"), &c.0));
         let stamp = set
             .as_ref()
             .and_then(|s| s.spec.as_ref())
@@ -408,20 +237,6 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
             .and_then(|m| m.annotations.as_ref())
             .and_then(|a| a.get("stateward.dev/certificates-sha256").cloned());
         let stamped = issued && want_stamp.is_some() && stamp == want_stamp;
-        let outdated: Vec<String> = pod_names
-            .iter()
-            .filter(|n| {
-                !now.iter().any(|p| {
-                    p.metadata.name.as_ref() == Some(*n)
-                        && p.metadata.deletion_timestamp.is_none()
-                        && ready(p)
-                        && revision.is_some()
-                        && p.metadata.labels.as_ref().and_then(|l| l.get("controller-revision-hash"))
-                            == revision.as_ref()
-                })
-            })
-            .cloned()
-            .collect();
         let others: BTreeSet<String> = pod_names.iter().filter(|p| **p != master).cloned().collect();
         let ok = on_delete
             && observed
@@ -503,7 +318,7 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
 
     let claims_after = e2e::pvc_uids(&env, name).await;
     let events = cr_events(&env, name).await;
-    let replaced = uids.values().map(|u| u.len() - 1).sum::<usize>();
+    let replaced = rollout.replaced();
     let replacing = events.iter().filter(|e| e.contains(" ReplacingPod:")).count();
     eprintln!("realpods-redis-mig: events: {events:#?}");
     eprintln!(
