@@ -59,7 +59,7 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
     // A child controlled by another object (an earlier resource of this name that the garbage
     // collector has not reached yet) is not this resource's to change or delete.
     children.retain(|child| !controlled_by_other(child, &ctx.kind.kind, obj.metadata.uid.as_deref()));
-    let child_text = plugin_children(&children);
+    let child_text = plugin_children(&children, ctx.issues_certificates);
     let resource_text = resource.to_string();
     let now_ms = now_ms();
 
@@ -166,14 +166,15 @@ struct Certificates {
     names: Option<Result<String, String>>,
 }
 
-/// The children as the plugin is shown them: Secrets without their values; a StatefulSet this
-/// reconcile is about to stamp with a renewed certificate without its update revision, which
-/// is not yet the one its pods will be made from (see `service_certs::restamp_pending`).
-fn plugin_children(children: &[Value]) -> Vec<String> {
+/// The children as the plugin is shown them: Secrets without their values; when this operator
+/// keeps the certificates (`certificates`), a StatefulSet this reconcile is about to stamp with a
+/// renewed certificate without its update revision, which is not yet the one its pods will be
+/// made from (see `service_certs::restamp_pending`).
+fn plugin_children(children: &[Value], certificates: bool) -> Vec<String> {
     children
         .iter()
         .map(|child| {
-            if super::service_certs::restamp_pending(child, children) {
+            if certificates && super::service_certs::restamp_pending(child, children) {
                 let mut set = child.clone();
                 if let Some(status) = set.get_mut("status").and_then(Value::as_object_mut) {
                     status.remove("updateRevision");
@@ -611,7 +612,7 @@ mod tests {
         let b64 = |t: &str| base64::engine::general_purpose::STANDARD.encode(t);
         let secret = json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": "db-tls", "labels": {"stateward.dev/certificate": "server"},
-                         "annotations": {"stateward.dev/cert-not-after": "1"}},
+                         "annotations": {"stateward.dev/cert-not-after": "1", "stateward.dev/cert-sans": "db.ns.svc"}},
             "data": {"tls.crt": b64("renewed"), "tls.key": b64("secret key")}});
         let set = |name: &str, stamp: &str| {
             json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name},
@@ -626,7 +627,12 @@ mod tests {
             &std::collections::BTreeMap::from([("db-tls".to_string(), "renewed".to_string())]),
         );
         let children = [secret, set("db-a", "the old certificate's"), current];
-        let seen: Vec<serde_json::Value> = super::plugin_children(&children)
+        let unkept: Vec<serde_json::Value> = super::plugin_children(&children, false)
+            .iter()
+            .map(|t| serde_json::from_str(t).expect("json"))
+            .collect();
+        assert_eq!(unkept[1]["status"]["updateRevision"], "db-a-1", "no keeper: no stamp to wait for");
+        let seen: Vec<serde_json::Value> = super::plugin_children(&children, true)
             .iter()
             .map(|t| serde_json::from_str(t).expect("json"))
             .collect();

@@ -291,7 +291,10 @@ fn issued_pem(secret: &Value) -> Option<String> {
 /// they will be made from: the plugin is shown the set without it (as after any change of the
 /// template it renders, see the template hash), so that a plugin rolling several sets in an order
 /// does not take a set whose new stamp the cache has not caught up with for one with nothing to
-/// roll. Sets that roll by themselves are left alone (see [`roll_in_progress`]).
+/// roll. Sets that roll by themselves are left alone (see [`roll_in_progress`]). A mounted
+/// certificate an earlier release issued (no names recorded with it) is about to be issued again,
+/// so its set is pending too: a plugin taking such a cluster over would otherwise restart a pod
+/// on the old stamp and again on the new one.
 pub fn restamp_pending(statefulset: &Value, children: &[Value]) -> bool {
     if statefulset["kind"] != "StatefulSet"
         || statefulset.pointer("/spec/updateStrategy/type").and_then(Value::as_str) != Some("OnDelete")
@@ -310,6 +313,9 @@ pub fn restamp_pending(statefulset: &Value, children: &[Value]) -> bool {
         }
         // One not issued yet: the stamp applied is the one there (see `stamp_planned`).
         let Some(pem) = issued_pem(secret) else { return false };
+        if secret.pointer(SANS_POINTER).is_none() {
+            return true;
+        }
         certificates.insert(name.to_string(), pem);
     }
     let mut planned = statefulset.clone();
@@ -801,7 +807,8 @@ mod tests {
     fn an_on_delete_set_about_to_be_stamped_anew_is_pending() {
         let secret = |crt: &str| {
             json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "db-tls", "labels": {CERTIFICATE_LABEL: "server"}, "annotations": {certs::CERT_NOT_AFTER: "1"}},
+                "metadata": {"name": "db-tls", "labels": {CERTIFICATE_LABEL: "server"},
+                             "annotations": {certs::CERT_NOT_AFTER: "1", certs::CERT_SANS: "db.ns.svc"}},
                 "data": {"tls.crt": base64_of(crt)}})
         };
         let mut sts = json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db"},
@@ -818,6 +825,9 @@ mod tests {
         rolling["spec"]["updateStrategy"] = json!({"type": "RollingUpdate"});
         assert!(!restamp_pending(&rolling, &[secret("B")]), "rolls by itself");
         assert!(!restamp_pending(&secret("B"), &[secret("B")]), "not a StatefulSet");
+        let mut earlier = secret("A");
+        earlier["metadata"]["annotations"] = json!({certs::CERT_NOT_AFTER: "1"});
+        assert!(restamp_pending(&sts, &[earlier]), "an earlier release's certificate, to be issued again");
     }
 
     /// A planned StatefulSet waits for its certificates before it is created (its pods would

@@ -405,12 +405,11 @@ pub fn decide(
     // Requests wait for the reconcile after the one that decided them (rule 4).
     let mut decided_now = false;
 
-    // 1. Confirmation. The first primary must run the current revision: a server on an old one
-    // answering as the primary before any was confirmed is a cluster taken over from the release
-    // before this one, whose target is replaced first (see `roll`) so that it starts through the
-    // entry script, which makes it a primary the others can be cloned from.
-    let first_but_outdated =
-        |t: &Member| st.bootstrapping() && t.outdated || st.taken_over() && !settings.revision_known;
+    // 1. Confirmation. In a cluster taken over from the release before this one, the first
+    // primary must run the current revision (its target is replaced first, see `roll`, so that
+    // it starts through the entry script, which makes it a primary the others can be cloned
+    // from); nothing is confirmed while which pods are outdated is not known.
+    let first_but_outdated = |t: &Member| st.taken_over() && (t.outdated || !settings.revision_known);
     if let Some(t) = find(&st.target).filter(|t| t.is_primary() && !first_but_outdated(t)) {
         if st.current != t.pod || st.current_uid != t.uid {
             let how = if st.current.is_empty() { "the first primary" } else { "the primary" };
@@ -605,26 +604,24 @@ pub fn decide(
     }
 
     // 5. Fencing: no other server answers as a primary; former primaries rewind; servers of
-    // another database system are cloned again. Stopping a pod made from an old revision would
-    // only start the same server again: it is replaced (one a reconcile) and comes back from the
-    // current revision, whose entry script rewinds or clones it.
+    // another database system are cloned again. Such a server on an old revision (the release
+    // before this one's command, which knows no topology) would only start again as it was if
+    // stopped: it is replaced instead, one at a time, and comes back from the current revision,
+    // whose entry script clones it. It is in no Service and holds none of the cluster's data.
     let target_ok = find(&st.target).is_some_and(Member::is_primary) && st.target == st.current;
     // A cluster taken over has a primary of its own on every member until its target, made
     // again from the current revision, is confirmed: they are left as they are until then.
     if !decided_now && !st.taken_over() {
         let foreign = |m: &Member| target_ok && m.is_foreign(&st.system_id);
         for m in members.iter().filter(|m| m.pod != st.target && (m.is_primary() || foreign(m))) {
-            if m.outdated && m.pod != st.current {
-                // Replaced once there is a confirmed primary to clone from, one at a time.
+            if m.outdated && foreign(m) {
                 let settled = members.iter().all(|x| !x.deleting && x.ready);
-                if d.replace.is_none() && target_ok && settled {
-                    let what =
-                        if foreign(m) { "serves another database system" } else { "answers as a primary" };
+                if d.replace.is_none() && settled {
                     d.events.push(event(
                         EventType::Warning,
                         "ReplacingPod",
                         format!(
-                            "replacing {}: on an old revision, it {what} (it comes back a clone of {})",
+                            "replacing {}: on an old revision, it serves another database system (it comes back a clone of {})",
                             m.pod, st.target
                         ),
                     ));

@@ -93,7 +93,7 @@ pub const FORBIDDEN: &[&str] = &[
 ];
 
 /// Redis 7 or later (directives older servers refuse to start with).
-fn redis7(ctx: &Ctx) -> bool {
+pub(crate) fn redis7(ctx: &Ctx) -> bool {
     version_numbers(&ctx.cluster.spec.version).first().is_some_and(|m| *m >= 7)
 }
 

@@ -300,9 +300,11 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                 Some(roll::Step::Replace { pod, why }) if !named_by_a_sentinel(&members, &pod) => {
                     live.replace_pod(pod, &why)
                 }
-                // Every Sentinel that answers names it, and enough answer to fail over.
+                // Every Sentinel that answers names it, and enough answer to fail over; only a
+                // Redis 7 master waits for its replicas as it shuts down.
                 Some(roll::Step::ReplaceMaster { pod, why })
-                    if d.named.as_deref() == Some(pod.as_str())
+                    if crate::config::redis7(ctx)
+                        && d.named.as_deref() == Some(pod.as_str())
                         && d.votes.0 == d.votes.1
                         && i64::try_from(d.votes.1).is_ok_and(|n| n >= quorum) =>
                 {
@@ -861,7 +863,7 @@ fn roll_pods(input: &LiveInput, d: &roles::Decision, members: &[Member]) -> Vec<
             outdated: outdated(input, p),
             role: d.roles.iter().find(|(n, _)| *n == p.name).and_then(|(_, r)| *r),
             lag: d.lag.get(&p.name).copied().flatten(),
-            answers: matches!(m.server, Some(Ok(_))),
+            unaskable: outdated(input, p) && matches!(&m.server, Some(Err(e)) if e.contains("NOAUTH")),
         })
         .collect()
 }

@@ -36,8 +36,9 @@ pub struct Pod {
     pub role: Option<&'static str>,
     /// A replica's bytes behind the master, if known.
     pub lag: Option<u64>,
-    /// Its server answered the last poll.
-    pub answers: bool,
+    /// On an old revision, its server refuses this build's requests for want of credentials: a
+    /// pod the release before this one made (its container lacks `REDISCLI_AUTH`).
+    pub unaskable: bool,
 }
 
 /// What to do next.
@@ -79,7 +80,7 @@ pub fn next(pods: &[Pod], replicas: i64, master: Option<&str>, formed: bool) -> 
         });
     };
     if let Some(pod) =
-        highest_outdated(&mut staying.iter().filter(|p| p.name != master && p.role.is_none() && !p.answers))
+        highest_outdated(&mut staying.iter().filter(|p| p.name != master && p.role.is_none() && p.unaskable))
     {
         return Some(Step::Replace {
             pod,
@@ -110,7 +111,7 @@ pub fn next(pods: &[Pod], replicas: i64, master: Option<&str>, formed: bool) -> 
         return None;
     }
     // Only the master is left on the old revision.
-    if staying.iter().any(|p| p.name == master && !p.answers) {
+    if staying.iter().any(|p| p.name == master && p.unaskable) {
         return Some(Step::ReplaceMaster {
             pod: master.to_string(),
             why: format!("{master}, the last pod on an old revision, cannot be asked for a switchover: its shutdown waits for the replicas, the Sentinels fail over"),

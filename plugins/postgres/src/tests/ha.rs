@@ -783,6 +783,38 @@ fn a_cluster_made_by_the_last_release_keeps_pod_0_and_clones_the_others_again_ne
     assert_eq!(reason(&decide(&st2, &gone, None, T0 + 61_000)), "WaitingForPrimary");
 }
 
+/// What the takeover rules must not change in a cluster this build made: a new cluster whose
+/// template changed before its first primary answered confirms that primary (on an old revision
+/// or not; otherwise -rw would stay empty and the next member could never clone), and a former
+/// primary of the same database system answering as a primary is stopped at once, on an old
+/// revision or not, and whether or not every member is Ready (it would take writes).
+#[test]
+fn only_a_cluster_taken_over_waits_for_its_first_primary_and_replaces_its_stray_servers() {
+    let new = State { target: "pg-0".into(), ..State::default() };
+    assert!(!new.taken_over());
+    let m = vec![outdated(primary("pg-0", 1000)), member("pg-1", None)];
+    let d = decide(&new, &m, None, T0);
+    assert_eq!((d.state.current.as_str(), d.state.current_uid.as_str()), ("pg-0", "uid-pg-0"));
+    assert_eq!(role(&d, "pg-0"), Some("primary"));
+
+    // pg-2 took over; pg-0 (old revision, the same system) answers as a primary again while
+    // pg-1 is not Ready.
+    let st = State {
+        target: "pg-2".into(),
+        current: "pg-2".into(),
+        current_uid: "uid-pg-2".into(),
+        epoch: 1,
+        timeline: 2,
+        system_id: SYSTEM.into(),
+        ..State::default()
+    };
+    let mut m = vec![outdated(primary("pg-0", 900)), standby("pg-1", 1000, 1000), primary("pg-2", 1000)];
+    m[1].ready = false;
+    let d = decide(&st, &m, None, T0);
+    assert_eq!(stops(&d), [("pg-0".to_string(), "demote")]);
+    assert_eq!(replaced(&d), None);
+}
+
 #[test]
 fn an_annotation_left_in_place_does_not_undo_a_switchover_the_plugin_made() {
     let st = confirmed();

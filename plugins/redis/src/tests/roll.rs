@@ -12,7 +12,7 @@ fn pods(list: &[(&str, bool, bool, Option<&'static str>)]) -> Vec<Pod> {
             outdated: *outdated,
             role: *role,
             lag: (*role == Some("replica")).then_some(if *name == "c-1" { 10 } else { 0 }),
-            answers: true,
+            unaskable: false,
         })
         .collect()
 }
@@ -63,7 +63,7 @@ fn replicas_go_first_highest_ordinal_first_then_a_switchover_then_the_old_master
 fn a_cluster_of_the_last_release_replaces_its_silent_replicas_then_its_master() {
     let silent = |mut p: Vec<Pod>| {
         for x in &mut p {
-            x.answers = !x.outdated;
+            x.unaskable = x.outdated;
         }
         p
     };
@@ -520,4 +520,37 @@ fn a_cluster_of_the_last_release_keeps_pod_0_behind_its_services_while_its_repli
         .collect();
     assert_eq!(deleted, ["cache-2"]);
     assert_eq!(tk_status_master(&p), "cache-0", "recorded: the next reconcile knows it");
+}
+
+/// The last step of an ordinary roll: only the master on an old revision, and its poll timing
+/// out (a loaded node). It is no pod of the release before this one (it did not refuse the
+/// request for want of credentials): it is switched over from, never deleted.
+#[test]
+fn a_master_whose_poll_times_out_at_the_end_of_a_roll_is_not_replaced() {
+    use stateward_sdk::{Action, Service};
+    let mut o = observed(serde_json::json!({ "master": "cache-0" }));
+    for c in o.children.iter_mut() {
+        let mut v: serde_json::Value = serde_json::from_str(c).unwrap();
+        if v["kind"] == "Pod" && v["metadata"]["name"] != "cache-0" {
+            v["metadata"]["labels"]["controller-revision-hash"] = serde_json::json!("new");
+            *c = v.to_string();
+        }
+    }
+    for r in o.responses.iter_mut().filter(|r| r.id == "info-cache-0-cache-0--r0") {
+        *r = stateward_sdk::Response {
+            id: r.id.clone(),
+            error: Some("no answer within 5000 ms (timeout)".into()),
+            ..Default::default()
+        };
+    }
+    let p = super::Redis::reconcile(o).unwrap();
+    let deleted: Vec<&str> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Delete(o) if o.kind == "Pod" => Some(o.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(deleted.is_empty(), "{deleted:?}");
 }
