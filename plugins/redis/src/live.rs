@@ -863,7 +863,7 @@ fn roll_pods(input: &LiveInput, d: &roles::Decision, members: &[Member]) -> Vec<
             outdated: outdated(input, p),
             role: d.roles.iter().find(|(n, _)| *n == p.name).and_then(|(_, r)| *r),
             lag: d.lag.get(&p.name).copied().flatten(),
-            unaskable: outdated(input, p) && matches!(&m.server, Some(Err(e)) if e.contains("NOAUTH")),
+            unaskable: unaskable(input, p, m),
         })
         .collect()
 }
@@ -875,14 +875,18 @@ fn outdated(input: &LiveInput, pod: &PodView) -> bool {
 }
 
 /// A cluster the release before this one made and this build takes over: no master was ever
-/// recorded, and pod 0 (that release's master, always) is on an old revision and its server
-/// gives no answer (that release started it without the credentials this build's requests
-/// use). Pod 0 is then the master confirmed last: it stays behind the Services while the
-/// replicas are replaced, until the Sentinels fail over from it (see [`roll`]).
+/// recorded, and pod 0 (that release's master, always) is [`unaskable`]. Pod 0 is then the
+/// master confirmed last: it stays behind the Services while the replicas are replaced, until
+/// the Sentinels fail over from it (see [`roll`]).
 fn taken_over(input: &LiveInput, members: &[Member], first: &str) -> bool {
-    input.pods.iter().zip(members).any(|(p, m)| {
-        p.name == first && !p.deleting && outdated(input, p) && !matches!(m.server, Some(Ok(_)))
-    })
+    input.pods.iter().zip(members).any(|(p, m)| p.name == first && !p.deleting && unaskable(input, p, m))
+}
+
+/// On an old revision, and its server refuses this build's requests for want of credentials
+/// (`NOAUTH`): a pod the release before this one made, whose container lacks `REDISCLI_AUTH`.
+/// A server that merely gives no answer (a timeout, no container yet) is not one.
+fn unaskable(input: &LiveInput, pod: &PodView, m: &Member) -> bool {
+    outdated(input, pod) && matches!(&m.server, Some(Err(e)) if e.contains("NOAUTH"))
 }
 
 /// One instance in status: what its server said, or why it said nothing.

@@ -554,3 +554,25 @@ fn a_master_whose_poll_times_out_at_the_end_of_a_roll_is_not_replaced() {
         .collect();
     assert!(deleted.is_empty(), "{deleted:?}");
 }
+
+/// A new cluster whose template changed before any master answered, with servers that give no
+/// answer yet (or none at all, as on simulated nodes): not the release before this one's (no
+/// `NOAUTH`), so no master is assumed and its pods roll by readiness as before.
+#[test]
+fn pods_that_merely_do_not_answer_are_no_takeover() {
+    use stateward_sdk::{Action, Service};
+    let mut o = observed(serde_json::json!({}));
+    o.responses = (0..3)
+        .map(|i| stateward_sdk::Response {
+            id: format!("info-cache-{i}-cache-{i}--r0"),
+            error: Some("exec failed: container not running".into()),
+            ..Default::default()
+        })
+        .collect();
+    let p = super::Redis::reconcile(o).unwrap();
+    let master_label = p.actions.iter().any(|a| {
+        matches!(a, Action::LabelPod(l) if l.labels.iter().any(|(k, v)| k == "stateward.dev/role" && v.is_some()))
+    });
+    assert!(!master_label, "no pod labelled");
+    assert_eq!(tk_status_master(&p), "", "no master recorded");
+}
