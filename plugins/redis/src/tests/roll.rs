@@ -232,14 +232,7 @@ fn observed_flags(
 fn reconcile_replaces_the_highest_outdated_replica_and_polls_faster_while_writes_are_held() {
     use stateward_sdk::{Action, RequestMode, Service};
     let p = super::Redis::reconcile(observed(serde_json::json!({ "master": "cache-0" }))).unwrap();
-    let deleted: Vec<String> = p
-        .actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Delete(o) if o.kind == "Pod" => Some(o.name.clone()),
-            _ => None,
-        })
-        .collect();
+    let deleted = deleted_pods(&p);
     assert_eq!(deleted, ["cache-2"]);
     assert!(p.events.iter().any(|e| e.reason == "ReplacingPod" && e.message.contains("replicas first")));
     let modes = |p: &stateward_sdk::Plan| -> Vec<RequestMode> {
@@ -360,6 +353,17 @@ fn no_pod_a_sentinel_still_names_the_master_is_replaced() {
     let p = super::Redis::reconcile(o).unwrap();
     assert!(tk_status_master(&p) == "cache-0", "two of three name cache-0");
     assert!(!p.actions.iter().any(|a| matches!(a, Action::Delete(_))), "not while a Sentinel names it");
+}
+
+/// The pods a plan deletes.
+fn deleted_pods(p: &stateward_sdk::Plan) -> Vec<&str> {
+    p.actions
+        .iter()
+        .filter_map(|a| match a {
+            stateward_sdk::Action::Delete(o) if o.kind == "Pod" => Some(o.name.as_str()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn tk_status_master(p: &stateward_sdk::Plan) -> String {
@@ -510,14 +514,7 @@ fn a_cluster_of_the_last_release_keeps_pod_0_behind_its_services_while_its_repli
     };
     assert_eq!(label("cache-0"), Some(Some("master".to_string())));
     assert_eq!((label("cache-1"), label("cache-2")), (Some(None), Some(None)), "no role");
-    let deleted: Vec<&str> = p
-        .actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Delete(o) if o.kind == "Pod" => Some(o.name.as_str()),
-            _ => None,
-        })
-        .collect();
+    let deleted = deleted_pods(&p);
     assert_eq!(deleted, ["cache-2"]);
     assert_eq!(tk_status_master(&p), "cache-0", "recorded: the next reconcile knows it");
 }
@@ -527,7 +524,7 @@ fn a_cluster_of_the_last_release_keeps_pod_0_behind_its_services_while_its_repli
 /// request for want of credentials): it is switched over from, never deleted.
 #[test]
 fn a_master_whose_poll_times_out_at_the_end_of_a_roll_is_not_replaced() {
-    use stateward_sdk::{Action, Service};
+    use stateward_sdk::Service;
     let mut o = observed(serde_json::json!({ "master": "cache-0" }));
     for c in o.children.iter_mut() {
         let mut v: serde_json::Value = serde_json::from_str(c).unwrap();
@@ -544,14 +541,7 @@ fn a_master_whose_poll_times_out_at_the_end_of_a_roll_is_not_replaced() {
         };
     }
     let p = super::Redis::reconcile(o).unwrap();
-    let deleted: Vec<&str> = p
-        .actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Delete(o) if o.kind == "Pod" => Some(o.name.as_str()),
-            _ => None,
-        })
-        .collect();
+    let deleted = deleted_pods(&p);
     assert!(deleted.is_empty(), "{deleted:?}");
 }
 
