@@ -30,9 +30,9 @@
 //!    already running again as a fenced standby is restarted once the new primary is confirmed,
 //!    so it too goes through `pg_rewind` before it streams. A server whose database system
 //!    identifier is not the confirmed primary's (made by its own `initdb`, as the release before
-//!    this one made every member) is never a candidate and is stopped to be cloned again; a pod
-//!    of an old revision is replaced instead of stopped (its old command would only start the
-//!    same server again).
+//!    this one made every member) is never a candidate and is stopped to be cloned again; such a
+//!    server on an old revision is replaced instead (that release's command would only start it
+//!    again as it was). Any other stray primary is stopped at once, on an old revision or not.
 //! 6. **Roles.** `primary` on the confirmed target only (and on a switchover's target from the
 //!    plan that promotes it, the old primary being stopped), `replica` on standbys whose WAL
 //!    receiver is streaming, none on the others; the Services select on these labels.
