@@ -888,10 +888,11 @@ fn hostile_setup(env: &TestEnv, commands: &[&str]) -> (e2e::tempdir::Dir, std::p
         &String::from_utf8_lossy(&crds.stdout),
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    kubectl_ok(
-        env,
-        &["wait", "--for=condition=Established", "--timeout=60s", "crd/hostilethings.test.stateward.dev"],
-    );
+    if let Err(e) =
+        stateward_testkit::wait_established(env.kubeconfig(), &["hostilethings.test.stateward.dev"])
+    {
+        panic!("{e:#}");
+    }
     let policies = policies_allowing_local_images();
     let data_path = policies.join("data.json");
     let mut data: Value = serde_json::from_slice(&std::fs::read(&data_path).expect("data")).expect("json");

@@ -109,13 +109,9 @@ pub fn prepare(env: &TestEnv) {
         .expect("run kubectl");
     assert!(out.status.success(), "applying {}: {}", crds.display(), String::from_utf8_lossy(&out.stderr));
     let crd_names: Vec<String> = KINDS.iter().map(|k| format!("crd/{}.stateward.dev", k.plural)).collect();
-    let out = env
-        .kubectl()
-        .args(["wait", "--for=condition=Established", "--timeout=60s"])
-        .args(&crd_names)
-        .output()
-        .expect("run kubectl");
-    assert!(out.status.success(), "CRDs not established: {}", String::from_utf8_lossy(&out.stderr));
+    if let Err(e) = stateward_testkit::wait_established(env.kubeconfig(), &crd_names) {
+        panic!("{e:#}");
+    }
     let started = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_stateward"))
         .arg("crds")

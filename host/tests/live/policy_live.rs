@@ -35,17 +35,7 @@ async fn privileged_plan_is_denied_audited_and_never_applied() {
     let out =
         kubectl_stdin(&env, &["apply", "--server-side", "-f", "-"], &String::from_utf8_lossy(&crds.stdout));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = env
-        .kubectl()
-        .args([
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/hostilethings.test.stateward.dev",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    stateward_testkit::wait_established(env.kubeconfig(), &["hostilethings.test.stateward.dev"]).unwrap();
 
     // The shipped bundle, with the fixture on the plugins allow-list (the operator checks its
     // built-in plugins against plugins.rego before it starts).

@@ -1029,10 +1029,8 @@ fn apply_crds(env: &TestEnv) -> anyhow::Result<()> {
     cmd.args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-rbac-test", "-f"])
         .arg(root().join("deploy/crds"));
     kubectl_output(cmd, None)?;
-    let mut cmd = env.kubectl();
-    cmd.args(["wait", "--for=condition=Established", "--timeout=60s"])
-        .args(CRS.iter().map(|p| format!("crd/{p}.stateward.dev")));
-    kubectl_output(cmd, None)?;
+    let crd_names: Vec<String> = CRS.iter().map(|p| format!("{p}.stateward.dev")).collect();
+    stateward_testkit::wait_established(env.kubeconfig(), &crd_names)?;
     Ok(())
 }
 

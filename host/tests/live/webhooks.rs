@@ -505,22 +505,10 @@ fn install_cert_manager_crds(env: &TestEnv) -> anyhow::Result<()> {
         );
         ensure!(out.status.success(), "installing {plural}: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let out = env
-        .kubectl()
-        .args([
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/issuers.cert-manager.io",
-            "crd/certificates.cert-manager.io",
-        ])
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "cert-manager CRDs not established: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
+    stateward_testkit::wait_established(
+        env.kubeconfig(),
+        &["issuers.cert-manager.io", "certificates.cert-manager.io"],
+    )
 }
 
 /// Writes what cert-manager would: the serving pair and the issuing CA in the Secret.

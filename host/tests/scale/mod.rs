@@ -246,10 +246,8 @@ impl Bench {
             .args(["apply", "--server-side", "--force-conflicts", "--field-manager", "stateward-scale", "-f"])
             .arg(&crds);
         run_ok(&mut apply)?;
-        let mut wait = bench.kubectl();
-        wait.args(["wait", "--for=condition=Established", "--timeout=60s"]);
-        wait.args(KINDS.iter().map(|k| format!("crd/{}.stateward.dev", k.plural)));
-        run_ok(&mut wait)?;
+        let crd_names: Vec<String> = KINDS.iter().map(|k| format!("{}.stateward.dev", k.plural)).collect();
+        stateward_testkit::wait_established(&bench.kubeconfig, &crd_names)?;
         let mut warm = Command::new(operator);
         warm.arg("crds").arg("--plugin-dir").arg(&plugin_dir).arg("--wasm-cache").arg(&wasm_cache);
         run_ok(&mut warm)?;

@@ -132,6 +132,40 @@ impl Cluster {
     }
 }
 
+/// Waits until every named CRD (`crd/<name>` or `<name>`) is Established, at most 60 s.
+///
+/// Polls instead of `kubectl wait --for=condition=Established`: that command fails at once
+/// ("accessor error: <nil>") when it reads a CRD the API server has not yet given conditions,
+/// which happens right after the CRD is applied.
+pub fn wait_established<S: AsRef<str>>(kubeconfig: &Path, crds: &[S]) -> anyhow::Result<()> {
+    const TIMEOUT: Duration = Duration::from_secs(60);
+    let started = std::time::Instant::now();
+    for crd in crds {
+        let name = crd.as_ref().trim_start_matches("crd/");
+        loop {
+            let out = Command::new(kubectl_binary())
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .args(["get", "crd", name, "-o"])
+                .arg("jsonpath={.status.conditions[?(@.type==\"Established\")].status}")
+                .output()
+                .context("run kubectl")?;
+            if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "True" {
+                break;
+            }
+            if started.elapsed() > TIMEOUT {
+                bail!(
+                    "CRD {name} not Established within {TIMEOUT:?}: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+    Ok(())
+}
+
 /// Path of the kubectl that `tests/cluster/build` produced (the version in
 /// `tests/cluster/k8s/go.mod`), falling back to `kubectl` on PATH.
 pub fn kubectl_binary() -> PathBuf {
