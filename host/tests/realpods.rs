@@ -13,6 +13,8 @@ mod e2e;
 mod elasticsearch;
 #[path = "realpods/in_cluster.rs"]
 mod in_cluster;
+#[path = "realpods/least_privilege.rs"]
+mod least_privilege;
 #[path = "realpods/lifecycle.rs"]
 mod lifecycle;
 mod pg_ha;
@@ -413,6 +415,34 @@ fn policies_allowing_local_images() -> std::path::PathBuf {
     dir
 }
 
+/// The operator's kubeconfig in every real-pods test: the account `stateward` of the test's
+/// namespace, bound only to the roles deploy/ ships (e2e::account) and, for the test fixture's
+/// own kind (no shipped role names it), a Role of its own. So RBAC refuses the operator what
+/// the shipped roles do not grant, and `least_privilege` reads what it used from the audit log.
+fn operator_kubeconfig(env: &TestEnv) -> std::path::PathBuf {
+    let fixture_role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "stateward-test-fixture"},
+        "rules": [{
+            "apiGroups": [least_privilege::FIXTURE_GROUP],
+            "resources": ["hostilethings", "hostilethings/status"],
+            "verbs": ["list", "watch", "patch"],
+        }],
+    });
+    let fixture_binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "stateward-test-fixture"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "stateward-test-fixture"},
+        "subjects": [{"kind": "ServiceAccount", "name": e2e::account::ACCOUNT, "namespace": env.namespace}],
+    });
+    let roles = [e2e::account::NAMESPACED_ROLES, e2e::account::WEBHOOK_ROLES].concat();
+    e2e::account::bind(env, &roles, &[fixture_role, fixture_binding], |_| {})
+        .unwrap_or_else(|e| panic!("the operator's account: {e:#}"));
+    let path = std::env::temp_dir().join(format!("{}-operator.kubeconfig", env.namespace));
+    e2e::account::kubeconfig(env, &path).unwrap_or_else(|e| panic!("the operator's kubeconfig: {e:#}"));
+    path
+}
+
 /// The operator inside the namespace, with its webhooks on loopback (the service certificates
 /// PostgreSQL and Redis start with come from its CA).
 fn start_operator(env: &TestEnv, name: &str) -> Operator {
@@ -436,6 +466,7 @@ fn start_operator_with(
             lease_namespace: env.namespace.clone(),
             policy_dir: Some(policy_dir.unwrap_or_else(policies_allowing_local_images)),
             plugin_dir,
+            kubeconfig: Some(operator_kubeconfig(env)),
             webhook_args: vec![
                 "--webhook-addr".into(),
                 format!("127.0.0.1:{port}"),
@@ -955,6 +986,7 @@ async fn a_one_shot_request_is_not_sent_again_by_the_next_leader() {
                 identity: Some(name.to_string()),
                 plugin_dir: Some(plugins.0.clone()),
                 policy_dir: Some(policies.clone()),
+                kubeconfig: Some(operator_kubeconfig(&env)),
                 ..Default::default()
             },
         )

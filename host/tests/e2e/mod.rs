@@ -32,6 +32,7 @@ pub const POLL: Duration = Duration::from_millis(300);
 pub const INSTANCE_LABEL: &str = "stateward.dev/instance";
 pub const FINALIZER: &str = "stateward.dev/cleanup";
 
+pub mod account;
 #[path = "../common/mod.rs"]
 mod common;
 pub mod last_release;

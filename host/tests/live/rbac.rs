@@ -26,7 +26,6 @@ use anyhow::{bail, ensure, Context as _};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{ListParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::Api;
@@ -810,45 +809,6 @@ fn scratch(namespace: &str) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// A kubeconfig for `token`, with the server and CA of the admin kubeconfig.
-fn token_kubeconfig(admin: &Path, token: &str, namespace: &str, out: &Path) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(admin)?;
-    let config = stateward::render::parse_documents(&text, "admin kubeconfig")?
-        .into_iter()
-        .next()
-        .context("empty kubeconfig")?;
-    let current = config["current-context"].as_str().context("no current-context")?;
-    let context = config["contexts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["name"] == current)
-        .context("current context not found")?;
-    let cluster_name = context["context"]["cluster"].as_str().context("context without cluster")?;
-    let cluster = config["clusters"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["name"] == cluster_name)
-        .context("cluster not found")?;
-    let mut cluster_entry = cluster["cluster"].clone();
-    // A relative CA path is relative to the admin kubeconfig's directory.
-    if let Some(ca) = cluster_entry["certificate-authority"].as_str() {
-        let ca = admin.parent().unwrap_or(Path::new(".")).join(ca);
-        cluster_entry["certificate-authority"] = json!(ca.to_string_lossy());
-    }
-    let kubeconfig = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "test", "cluster": cluster_entry}],
-        "users": [{"name": "stateward", "user": {"token": token}}],
-        "contexts": [{"name": "stateward", "context": {"cluster": "test", "user": "stateward", "namespace": namespace}}],
-        "current-context": "stateward",
-    });
-    std::fs::write(out, serde_json::to_string_pretty(&kubeconfig)?)?;
-    Ok(())
-}
-
 /// (namespace or "" for all, apiGroup, resource[/subresource], verb, resourceName or "").
 type Access<'a> = (&'a str, &'a str, &'a str, &'a str, &'a str);
 
@@ -897,30 +857,12 @@ fn redis_api(env: &TestEnv) -> Api<DynamicObject> {
 /// The operator's identity in the test's namespace: ServiceAccount `stateward` bound only to
 /// the shipped namespaced Roles (moved into this namespace), the watched one first changed by
 /// `edit`.
-async fn bind_account(env: &TestEnv, edit: impl Fn(&mut Value)) -> anyhow::Result<()> {
-    let ns = env.namespace.clone();
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "stateward"}}))?;
-    env.api::<ServiceAccount>().create(&PostParams::default(), &sa).await?;
-    let subjects = json!([{"kind": "ServiceAccount", "name": "stateward", "namespace": ns}]);
-    for (i, (role_file, binding_file)) in [
-        ("deploy/rbac/namespaced/role.yaml", "deploy/rbac/namespaced/rolebinding.yaml"),
-        ("deploy/rbac/operator-namespace/role.yaml", "deploy/rbac/operator-namespace/rolebinding.yaml"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let mut role = load_one(role_file)?;
-        role["metadata"]["namespace"] = json!(ns);
-        if i == 0 {
-            edit(&mut role);
+fn bind_account(env: &TestEnv, edit: impl Fn(&mut Value)) -> anyhow::Result<()> {
+    crate::e2e::account::bind(env, crate::e2e::account::NAMESPACED_ROLES, &[], |role| {
+        if role["metadata"]["name"] == "stateward" {
+            edit(role);
         }
-        env.api::<Role>().create(&PostParams::default(), &serde_json::from_value(role)?).await?;
-        let mut binding = load_one(binding_file)?;
-        binding["metadata"]["namespace"] = json!(ns);
-        binding["subjects"] = subjects.clone();
-        env.api::<RoleBinding>().create(&PostParams::default(), &serde_json::from_value(binding)?).await?;
-    }
-    Ok(())
+    })
 }
 
 /// `stateward run --namespace` as the bound ServiceAccount (a token in a kubeconfig of its
@@ -945,7 +887,7 @@ async fn start_operator(env: &TestEnv, plugins: &Path) -> anyhow::Result<(Operat
         .token;
     let dir = scratch(&ns)?;
     let kubeconfig = dir.join("kubeconfig");
-    token_kubeconfig(env.kubeconfig(), &token, &ns, &kubeconfig)?;
+    crate::e2e::account::token_kubeconfig(env.kubeconfig(), &token, &ns, &kubeconfig)?;
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let log = dir.join("operator.log");
@@ -1080,7 +1022,7 @@ async fn three_rules_taken_out_each_stop_a_named_step() -> anyhow::Result<()> {
     for (verb, resource, step) in cuts {
         let env = TestEnv::new("rbac-cut").await?;
         apply_crds(&env)?;
-        bind_account(&env, |role| without(role, verb, resource)).await?;
+        bind_account(&env, |role| without(role, verb, resource))?;
         let (operator, _dir) = start_operator(&env, &plugins).await?;
         let mut cmd = env.kubectl();
         cmd.args(["-n", &env.namespace, "apply", "-f"]).arg(root().join("deploy/samples/redis.yaml"));
@@ -1135,7 +1077,7 @@ async fn three_rules_taken_out_each_stop_a_named_step() -> anyhow::Result<()> {
 async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
     let ns = env.namespace.clone();
     apply_crds(env)?;
-    bind_account(env, |_| {}).await?;
+    bind_account(env, |_| {})?;
     // What the API server's authorizer says, row by row, and a few things it must refuse.
     let user = format!("system:serviceaccount:{ns}:stateward");
     let groups = vec![

@@ -24,6 +24,7 @@ use stateward_testkit::real::RealPods;
 use stateward_testkit::TestEnv;
 
 use super::e2e::{self, condition, get_cr, phase, summary, wait_for, POSTGRES};
+use super::least_privilege::{self, Requests, Use};
 use super::PG_IMAGE;
 
 /// The operator's namespace in deploy/.
@@ -846,6 +847,89 @@ async fn the_data_stays(
     );
 }
 
+/// The service CA Secret saved the way the README's uninstall says: what the API server keeps
+/// for itself (uid, resourceVersion, creationTimestamp, managedFields) taken out.
+fn saved_service_ca(env: &TestEnv) -> Value {
+    let mut ca = kubectl_json(env, &["-n", NS, "get", "secret", "stateward-service-ca"]);
+    let meta = ca["metadata"].as_object_mut().expect("metadata");
+    for key in ["uid", "resourceVersion", "creationTimestamp", "managedFields"] {
+        meta.remove(key);
+    }
+    ca
+}
+
+/// What the sample's pods are made from: the StatefulSet's update revision (the pod template,
+/// with the hash of the certificate it mounts) and the certificate Secrets' contents.
+fn template_and_certificates(env: &TestEnv, sample: &str, instance: &str) -> (Value, Value) {
+    let sts = kubectl_json(env, &["-n", &env.namespace, "get", "statefulset", sample]);
+    let secrets = kubectl_json(env, &["-n", &env.namespace, "get", "secrets", "-l", instance]);
+    let certificates: Vec<Value> = secrets["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["type"] == "kubernetes.io/tls")
+        .map(|s| json!([s["metadata"]["name"], s["data"]]))
+        .collect();
+    (sts["status"]["updateRevision"].clone(), json!(certificates))
+}
+
+/// The README's reinstall keeping the service CA (its Secret applied before the rest): the
+/// operator issues no new CA, so the managed cluster's certificates and pod template stay and
+/// its pods do not roll, once the new operator has applied the cluster's StatefulSet again.
+async fn reinstall_keeps_the_service_ca(
+    env: &TestEnv,
+    sample: &str,
+    instance: &str,
+    ca: &Value,
+    before: (&[(String, String, i64)], &(Value, Value)),
+) {
+    let root = e2e::workspace_root();
+    let audit = audit_log(env);
+    let started = Instant::now();
+    // The namespace and the audit signing key first (README), as for the first install.
+    make_audit_signing_secret(env);
+    kubectl(env, &["apply", "-f", &root.join("deploy/operator/namespace.yaml").to_string_lossy()]);
+    let out = e2e::kubectl_stdin(env, &["apply", "-f", "-"], &ca.to_string());
+    assert!(out.status.success(), "applying the saved service CA: {}", out_text(&out));
+    kubectl(env, &["apply", "--server-side", "-k", &root.join(OVERLAY).to_string_lossy()]);
+    operator_ready(env, "after the reinstall", Duration::from_secs(240)).await;
+    // The new operator's apply of the sample's StatefulSet, in the audit log.
+    let user = format!("system:serviceaccount:{NS}:stateward");
+    let (_, applied) = wait_for("the reinstalled operator applies the StatefulSet", Duration::from_secs(120), || async {
+        let text = std::fs::read(&audit.0).unwrap_or_default();
+        let stretch = &text[usize::try_from(audit.1).unwrap_or(0).min(text.len())..];
+        let found = least_privilege::requests(stretch, |event| {
+            event["user"]["username"] == user.as_str()
+                && event["verb"] == "patch"
+                && event["objectRef"]["resource"] == "statefulsets"
+                && event["objectRef"]["namespace"] == env.namespace.as_str()
+                && event["objectRef"]["name"] == sample
+                && event["responseStatus"]["code"] == 200
+        });
+        if found.count > 0 {
+            Ok(())
+        } else {
+            Err("no apply yet".to_owned())
+        }
+    })
+    .await;
+    let kept = kubectl_json(env, &["-n", NS, "get", "secret", "stateward-service-ca"]);
+    assert_eq!(kept["data"], ca["data"], "the reinstalled operator made a new service CA");
+    // A few reconciles more: a certificate issued again would show in them.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        &template_and_certificates(env, sample, instance),
+        before.1,
+        "the reinstall changed the cluster's pod template or certificates"
+    );
+    assert_eq!(members(env, instance), before.0, "the reinstall restarted the cluster's pods");
+    eprintln!(
+        "in_cluster: reinstalled with the saved service CA; the operator applied {sample} {applied:.1?} after \
+         the install began ({:.1?} in all): same CA, certificates, pod template revision and pods",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn kustomize_install_serves_admission_conversion_and_the_postgres_sample() {
     let test = "in_cluster::kustomize_install_serves_admission_conversion_and_the_postgres_sample";
@@ -911,9 +995,13 @@ async fn kustomize_install_serves_admission_conversion_and_the_postgres_sample()
     operator_requests_match_its_roles(&env, "kustomize", &audit);
     let before = members(&env, &instance);
     assert_eq!(before.len() as u64, replicas, "members before the uninstall: {before:?}");
+    let made_from = template_and_certificates(&env, sample, &instance);
+    let ca = saved_service_ca(&env);
     let started = Instant::now();
     uninstall(&env).unwrap_or_else(|e| panic!("uninstall: {e}"));
     the_data_stays(&env, sample, &instance, &before, started.elapsed()).await;
+    // Installed again with the CA kept (README): nothing of the cluster changes.
+    reinstall_keeps_the_service_ca(&env, sample, &instance, &ca, (&before, &made_from)).await;
 }
 
 /// The API server's audit log of the real-pods cluster (tests/cluster/up: every request of a
@@ -924,10 +1012,6 @@ fn audit_log(env: &TestEnv) -> (PathBuf, u64) {
     let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     (path, len)
 }
-
-/// One permission as RBAC grants it and the audit log records its use: verb, API group,
-/// resource (with `/subresource`), and where: `cluster` or the namespace.
-type Use = (String, String, String, String);
 
 /// The rules bound to the operator's account, flattened to one row per (verb, group,
 /// resource) and where they apply (`*`: every namespace and cluster-scoped), with names.
@@ -1026,40 +1110,9 @@ fn unused_because(verb: &str, group: &str, resource: &str) -> Option<&'static st
 fn operator_requests_match_its_roles(env: &TestEnv, what: &str, log: &(PathBuf, u64)) {
     let text = std::fs::read(&log.0).unwrap_or_else(|e| panic!("{}: {e}", log.0.display()));
     let user = format!("system:serviceaccount:{NS}:stateward");
-    let mut used: BTreeSet<Use> = BTreeSet::new();
-    let mut forbidden = Vec::new();
-    let mut terminating_refused = Vec::new();
-    let mut requests = 0;
-    for line in text[usize::try_from(log.1).unwrap_or(0).min(text.len())..].split(|b| *b == b'\n') {
-        let Ok(event) = serde_json::from_slice::<Value>(line) else { continue };
-        if event["user"]["username"] != user.as_str() || event["objectRef"].is_null() {
-            continue;
-        }
-        requests += 1;
-        let object = &event["objectRef"];
-        let mut resource = object["resource"].as_str().unwrap_or_default().to_owned();
-        if let Some(sub) = object["subresource"].as_str() {
-            resource = format!("{resource}/{sub}");
-        }
-        let scope = object["namespace"].as_str().unwrap_or("cluster").to_owned();
-        let verb = event["verb"].as_str().unwrap_or_default().to_owned();
-        let group = object["apiGroup"].as_str().unwrap_or_default().to_owned();
-        if event["responseStatus"]["code"] == 403 {
-            let request = format!("{verb} {group}/{resource} in {scope} ({})", event["requestURI"]);
-            // A namespace being deleted refuses new objects with a 403 its authorizer did not
-            // make (another test's namespace, its custom resources still being reconciled):
-            // that refusal says nothing about the roles. Everything else refused counts.
-            let authorized = event["annotations"]["authorization.k8s.io/decision"] == "allow";
-            let terminating =
-                event["responseStatus"]["message"].as_str().is_some_and(|m| m.contains("being terminated"));
-            if authorized && terminating {
-                terminating_refused.push(request);
-            } else {
-                forbidden.push(request);
-            }
-        }
-        used.insert((verb, group, resource, scope));
-    }
+    let stretch = &text[usize::try_from(log.1).unwrap_or(0).min(text.len())..];
+    let Requests { count: requests, used, forbidden, terminating_refused } =
+        least_privilege::requests(stretch, |event| event["user"]["username"] == user.as_str());
     let grants = operator_grants(env);
     let covered = |(verb, group, resource, scope): &Use| {
         grants
