@@ -296,7 +296,9 @@ async fn the_whole_suite_used_what_the_shipped_roles_grant() {
         );
     }
     assert!(found.count > 0, "no request of an operator's account in {} since {since}", path.display());
-    assert!(found.forbidden.is_empty(), "requests refused to the operator: {:#?}", found.forbidden);
+    let refused: Vec<String> =
+        found.forbidden.iter().map(|r| format!("{} by {} at {}", r.request, r.user, r.at)).collect();
+    assert!(refused.is_empty(), "requests refused to the operator: {refused:#?}");
     assert!(outside.is_empty(), "requests no shipped role grants: {outside:?}");
     assert!(unused.is_empty(), "granted, never used by the suite, and no reason written: {unused:#?}");
 }
