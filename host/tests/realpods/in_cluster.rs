@@ -597,6 +597,9 @@ async fn pinned_plugin_build_in_the_cluster(env: &TestEnv) {
     .await;
     let applied = Instant::now();
     apply(&pinned);
+    // The ConfigMap is stored once the server-side apply returns.
+    let stored_at = jiff::Timestamp::now();
+    let applying = applied.elapsed();
     let (_, took) = wait_for("both pods serving the pinned build", Duration::from_secs(60), || async {
         let (now, plugins) = served(&digest);
         if now {
@@ -606,11 +609,35 @@ async fn pinned_plugin_build_in_the_cluster(env: &TestEnv) {
         }
     })
     .await;
+    // When each pod swapped the build in, from its log's timestamps (the polls above see it
+    // only at their next round): seconds after the apply began.
+    let swapped = swapped_in(env, digest.trim_start_matches("sha256:"), stored_at);
     eprintln!(
         "in_cluster: pins on and {digest} pinned, rolled in {rolled:.1?}; the unpinned {other} refused \
-         by both pods; the pinned build served by both {took:.1?} after its ConfigMap ({:.1?} with the polls)",
+         by both pods; the pinned build's ConfigMap applied in {applying:.1?} (kubectl), then swapped in \
+         (seconds after the apply returned, the vetting's own ms) {swapped:?}, seen served by both \
+         {took:.1?} after ({:.1?} with the polls)",
         applied.elapsed()
     );
+    assert_eq!(swapped.len(), 2, "both operator pods log the swap: {swapped:?}");
+}
+
+/// For each operator pod, how many seconds after `since` it logged swapping in the plugin build
+/// of `digest` (hex), by the container runtime's timestamps of its log lines, and how long its
+/// vetting took (`vet_ms`, compiling included).
+fn swapped_in(env: &TestEnv, digest: &str, since: jiff::Timestamp) -> Vec<(f64, u64)> {
+    operator_pods(env)
+        .iter()
+        .filter_map(|pod| {
+            let logs = kubectl(env, &["-n", NS, "logs", pod, "--timestamps"]);
+            let line = logs.lines().rfind(|l| l.contains("plugin swapped in") && l.contains(digest))?;
+            let (at, record) = line.split_once(' ')?;
+            let at: jiff::Timestamp = at.parse().ok()?;
+            let record: Value = serde_json::from_str(record).unwrap_or_default();
+            let vet_ms = record.pointer("/fields/vet_ms").or(record.get("vet_ms")).and_then(Value::as_u64);
+            Some((at.duration_since(since).as_secs_f64(), vet_ms.unwrap_or_default()))
+        })
+        .collect()
 }
 
 /// The audit-signing Secret, made before the install as deploy/kustomization.yaml and the
