@@ -202,6 +202,8 @@ impl Reloader {
             digest = plugin.digest(),
             configmap = cm_name,
             vet_ms = took.as_millis() as u64,
+            functions_compiled = plugin.compile_reuse().compiled,
+            functions_reused = plugin.compile_reuse().reused,
             "plugin swapped in"
         );
         self.registry.set_override(plugin);

@@ -9,6 +9,7 @@ mod cache;
 mod contract;
 mod declared;
 mod error;
+mod function_cache;
 mod host_state;
 mod plan;
 mod plugin;
@@ -17,6 +18,7 @@ mod sandbox;
 
 pub use contract::Contract;
 pub use error::RuntimeError;
+pub use function_cache::Reuse;
 pub use plan::{
     Action, BasicAuth, ChildKind, Cleanup, Condition, ConditionStatus, Event, EventType, ExecRequest,
     HttpRequest, HttpTarget, HttpTls, ObjectRef, Phase, Plan, PodLabels, Request, RequestLimits, RequestMode,

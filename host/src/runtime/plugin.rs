@@ -87,6 +87,9 @@ pub struct Plugin {
     imports: Vec<String>,
     exports: Vec<String>,
     from_cache: bool,
+    /// Functions this load found compiled already and compiled anew (none of either when the
+    /// precompiled cache answered).
+    reuse: super::Reuse,
     /// Consecutive calls that ran out of time or memory; see [`Plugin::on_probation`].
     faults: std::sync::atomic::AtomicU32,
     probation: tokio::sync::Semaphore,
@@ -109,6 +112,7 @@ impl Plugin {
     pub fn load(sandbox: &Arc<Sandbox>, bytes: &[u8]) -> Result<Self, RuntimeError> {
         super::declared::Declared::of(bytes)?.check(&sandbox.limits)?;
         let digest = hex::encode(Sha256::digest(bytes));
+        let functions_before = sandbox.functions.reuse();
         let (component, from_cache) = match &sandbox.cache {
             Some(cache) => cache.load_or_compile(&sandbox.engine, &digest, bytes)?,
             None => (
@@ -117,6 +121,7 @@ impl Plugin {
                 false,
             ),
         };
+        let reuse = sandbox.functions.reuse().since(functions_before);
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(&sandbox.engine).map(|(n, _)| n.to_string()).collect();
         let exports: Vec<String> = ty.exports(&sandbox.engine).map(|(n, _)| n.to_string()).collect();
@@ -143,6 +148,7 @@ impl Plugin {
             imports,
             exports,
             from_cache,
+            reuse,
             faults: std::sync::atomic::AtomicU32::new(0),
             probation: tokio::sync::Semaphore::new(1),
         };
@@ -197,6 +203,11 @@ impl Plugin {
     /// Whether this load came from the on-disk precompiled cache.
     pub fn loaded_from_cache(&self) -> bool {
         self.from_cache
+    }
+    /// How many of its functions this load compiled and how many it found compiled by an
+    /// earlier build (exact when no other load ran at the same time, as hot reloads do not).
+    pub fn compile_reuse(&self) -> super::Reuse {
+        self.reuse
     }
 
     /// Semantic validation of a new object (and the old one on update).

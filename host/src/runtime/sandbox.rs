@@ -9,6 +9,7 @@ use wasmtime::{Config, Engine, Store};
 
 use super::bindings::{v0_1, v0_2};
 use super::cache::PrecompiledCache;
+use super::function_cache::{self, FunctionCache};
 use super::host_state::HostState;
 use super::RuntimeError;
 
@@ -69,6 +70,8 @@ pub struct Sandbox {
     pub(super) linker: Linker<HostState>,
     pub(super) limits: Limits,
     pub(super) cache: Option<PrecompiledCache>,
+    /// Functions compiled before, reused by later builds (a hot reload compiles what changed).
+    pub(super) functions: Arc<FunctionCache>,
     /// Call slots of reconcile and finalize, and apart from them those of the webhooks'
     /// validate and convert: a flood of admission reviews waits for its own slots and never
     /// queues ahead of reconciles.
@@ -109,14 +112,16 @@ impl Sandbox {
         allocator: AllocatorKind,
         cache_dir: Option<PathBuf>,
     ) -> Result<Arc<Self>, RuntimeError> {
+        let functions = Arc::new(FunctionCache::new(function_cache::DEFAULT_MAX_BYTES));
+        let build = |pooling| build_engine(&limits, pooling, &functions);
         let (engine, allocator) = match allocator {
-            AllocatorKind::OnDemand => (build_engine(&limits, false)?, AllocatorKind::OnDemand),
-            AllocatorKind::Pooling => (build_engine(&limits, true)?, AllocatorKind::Pooling),
-            AllocatorKind::Auto => match build_engine(&limits, true) {
+            AllocatorKind::OnDemand => (build(false)?, AllocatorKind::OnDemand),
+            AllocatorKind::Pooling => (build(true)?, AllocatorKind::Pooling),
+            AllocatorKind::Auto => match build(true) {
                 Ok(engine) => (engine, AllocatorKind::Pooling),
                 Err(err) => {
                     tracing::warn!(error = %err, "pooling allocator unavailable, using on-demand");
-                    (build_engine(&limits, false)?, AllocatorKind::OnDemand)
+                    (build(false)?, AllocatorKind::OnDemand)
                 }
             },
         };
@@ -135,12 +140,18 @@ impl Sandbox {
             linker,
             limits,
             cache,
+            functions,
             allocator,
         }))
     }
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// Bytes of compiled functions kept for later builds to reuse.
+    pub fn compiled_function_bytes(&self) -> usize {
+        self.functions.bytes()
     }
 
     /// The allocator actually in use (after `Auto` fell back, if it did).
@@ -178,10 +189,16 @@ impl Sandbox {
     }
 }
 
-fn build_engine(limits: &Limits, pooling: bool) -> Result<Engine, RuntimeError> {
+fn build_engine(
+    limits: &Limits,
+    pooling: bool,
+    functions: &Arc<FunctionCache>,
+) -> Result<Engine, RuntimeError> {
+    let engine_error = |e: wasmtime::Error| RuntimeError::Engine(format!("{e:#}"));
     let mut config = Config::new();
     config.wasm_component_model(true);
     config.epoch_interruption(true);
+    config.enable_incremental_compilation(Arc::clone(functions) as _).map_err(engine_error)?;
     if pooling {
         // The pool agrees with the store's limiter: a component gets as many memories, tables
         // and core instances as one call may create, each memory at most the whole call's cap
@@ -207,7 +224,7 @@ fn build_engine(limits: &Limits, pooling: bool) -> Result<Engine, RuntimeError> 
         config.allocation_strategy(pool);
         config.memory_init_cow(true);
     }
-    Engine::new(&config).map_err(|e| RuntimeError::Engine(format!("{e:#}")))
+    Engine::new(&config).map_err(engine_error)
 }
 
 /// Links only the WASI interfaces a Rust `std` guest imports by itself: io and cli.

@@ -615,17 +615,21 @@ async fn pinned_plugin_build_in_the_cluster(env: &TestEnv) {
     eprintln!(
         "in_cluster: pins on and {digest} pinned, rolled in {rolled:.1?}; the unpinned {other} refused \
          by both pods; the pinned build's ConfigMap applied in {applying:.1?} (kubectl), then swapped in \
-         (seconds after the apply returned, the vetting's own ms) {swapped:?}, seen served by both \
-         {took:.1?} after ({:.1?} with the polls)",
+         {swapped:?}, seen served by both {took:.1?} after ({:.1?} with the polls)",
         applied.elapsed()
     );
     assert_eq!(swapped.len(), 2, "both operator pods log the swap: {swapped:?}");
+    assert!(
+        swapped.iter().all(|s| s.after_secs <= 2.0),
+        "both pods serve the new build within 2 s of its ConfigMap's apply: {swapped:?}"
+    );
 }
 
 /// For each operator pod, how many seconds after `since` it logged swapping in the plugin build
-/// of `digest` (hex), by the container runtime's timestamps of its log lines, and how long its
-/// vetting took (`vet_ms`, compiling included).
-fn swapped_in(env: &TestEnv, digest: &str, since: jiff::Timestamp) -> Vec<(f64, u64)> {
+/// of `digest` (hex), by the container runtime's timestamps of its log lines, with what its
+/// vetting logged: its own time (`vet_ms`, compiling included) and the functions it compiled
+/// and found compiled by the build before it.
+fn swapped_in(env: &TestEnv, digest: &str, since: jiff::Timestamp) -> Vec<Swapped> {
     operator_pods(env)
         .iter()
         .filter_map(|pod| {
@@ -634,10 +638,27 @@ fn swapped_in(env: &TestEnv, digest: &str, since: jiff::Timestamp) -> Vec<(f64, 
             let (at, record) = line.split_once(' ')?;
             let at: jiff::Timestamp = at.parse().ok()?;
             let record: Value = serde_json::from_str(record).unwrap_or_default();
-            let vet_ms = record.pointer("/fields/vet_ms").or(record.get("vet_ms")).and_then(Value::as_u64);
-            Some((at.duration_since(since).as_secs_f64(), vet_ms.unwrap_or_default()))
+            let field = |name: &str| {
+                record.pointer(&format!("/fields/{name}")).or(record.get(name)).and_then(Value::as_u64)
+            };
+            Some(Swapped {
+                after_secs: at.duration_since(since).as_secs_f64(),
+                vet_ms: field("vet_ms").unwrap_or_default(),
+                functions_compiled: field("functions_compiled").unwrap_or_default(),
+                functions_reused: field("functions_reused").unwrap_or_default(),
+            })
         })
         .collect()
+}
+
+/// One operator pod's swap of a plugin build, from its log.
+#[derive(Debug)]
+#[allow(dead_code)] // read through Debug, in the test's figures
+struct Swapped {
+    after_secs: f64,
+    vet_ms: u64,
+    functions_compiled: u64,
+    functions_reused: u64,
 }
 
 /// The audit-signing Secret, made before the install as deploy/kustomization.yaml and the
