@@ -2,14 +2,28 @@
 //! the hostile fixtures. Here rather than in one test module so that the host's unit tests
 //! (src/controller/tests.rs) and its integration tests build them the same way.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
 /// The workspace this crate belongs to.
+///
+/// Found from the running test's package (cargo sets `CARGO_MANIFEST_DIR` when it runs a test)
+/// before this crate's own build-time path: cargo does not rebuild a crate whose checkout only
+/// moved, so with one target dir shared by two checkouts the build-time path may name the
+/// other one (or a clone since removed).
 pub fn workspace_root() -> PathBuf {
-    let harness = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    harness.ancestors().nth(2).map(PathBuf::from).unwrap_or_default()
+    let built_here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let running = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    let found = running
+        .iter()
+        .chain([&built_here])
+        .find_map(|dir| dir.ancestors().find(|d| is_workspace_root(d)).map(PathBuf::from));
+    found.unwrap_or_else(|| built_here.ancestors().nth(2).map(PathBuf::from).unwrap_or_default())
+}
+
+fn is_workspace_root(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("Cargo.toml")).is_ok_and(|text| text.contains("[workspace]"))
 }
 
 /// Wasm builds get their own target dir so they never wait on the lock of the build that

@@ -62,7 +62,7 @@ static CLUSTER: OnceCell<Cluster> = OnceCell::const_new();
 
 /// `tests/cluster` in this checkout (the scripts live next to this crate).
 pub fn cluster_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("cluster")
+    components::workspace_root().join("tests").join("cluster")
 }
 
 /// The shared cluster, started on first use: `tests/cluster/up` is run once per process
