@@ -1,8 +1,9 @@
 //! The lifecycle verbs every kind shares, on real servers, with one test body for the three
 //! kinds: `kubectl stateward fence` takes a pod out of every client Service and stops it taking
-//! writes, `unfence` brings it back; `kubectl stateward hibernate` stops every pod and keeps
-//! the volumes and Secrets, `kubectl stateward wake` starts the same pods on them, and what was
-//! written before is read back.
+//! writes, `unfence` brings it back; `kubectl stateward pause` holds a spec change and a
+//! `restart` until `resume`, which rolls the pods in the service's safe order; `kubectl
+//! stateward hibernate` stops every pod and keeps the volumes and Secrets, `kubectl stateward
+//! wake` starts the same pods on them, and what was written before is read back.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -41,6 +42,11 @@ struct Case {
     /// Run in the pod once unfenced: what it prints then contains `resumed_says`.
     resumed: Vec<&'static str>,
     resumed_says: &'static str,
+    /// The pod a rolling restart replaces last, from the status before it (the service's safe
+    /// order: the primary or master after a switchover, Elasticsearch's lowest ordinal).
+    last: fn(&Value) -> Option<String>,
+    /// Whether the writes move to another pod before the last one is replaced.
+    switches_over: bool,
 }
 
 fn status_field(field: &'static str) -> impl Fn(&Value) -> Option<String> {
@@ -89,6 +95,8 @@ fn cases() -> Vec<Case> {
             refused: "read-only transaction",
             resumed: vec!["psql", "-U", "postgres", "-c", "create temp table probe(i int)"],
             resumed_says: "CREATE TABLE",
+            last: |cr| status_field("/status/currentPrimary")(cr),
+            switches_over: true,
         },
         Case {
             kind: e2e::REDIS,
@@ -108,6 +116,8 @@ fn cases() -> Vec<Case> {
             refused: "NOREPLICAS",
             resumed: vec!["redis-cli", "-h", "127.0.0.1", "--no-auth-warning", "SET", "probe", "1"],
             resumed_says: "OK",
+            last: |cr| status_field("/status/master")(cr),
+            switches_over: true,
         },
         Case {
             kind: e2e::ELASTICSEARCH,
@@ -128,6 +138,9 @@ fn cases() -> Vec<Case> {
                 "curl -sSf 'http://127.0.0.1:9200/_cluster/settings?flat_settings=true' | grep -q \"$HOSTNAME\" && echo excluded || echo allocatable",
             ],
             resumed_says: "allocatable",
+            // One node set, highest ordinal first.
+            last: |_| Some("logs-0".into()),
+            switches_over: false,
         },
     ]
 }
@@ -253,6 +266,151 @@ async fn fence_and_unfence(env: &TestEnv, case: &Case) {
     );
 }
 
+/// A member pod as a roll sees it.
+#[derive(Debug, Clone, PartialEq)]
+struct Member {
+    uid: String,
+    ready: bool,
+    /// The `stateward.dev/restarted-at` its template carried.
+    restarted_at: Option<String>,
+    /// The first container's CPU request.
+    cpu: Option<String>,
+}
+
+async fn members(env: &TestEnv, instance: &str) -> BTreeMap<String, Member> {
+    let pods: Api<Pod> = env.api();
+    let list = pods
+        .list(&ListParams::default().labels(&format!("{INSTANCE_LABEL}={instance}")))
+        .await
+        .expect("list pods");
+    list.items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let status = p.status.clone().unwrap_or_default();
+            let ready = status
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let cpu = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.resources.as_ref()?.requests.as_ref()?.get("cpu").map(|q| q.0.clone()));
+            let restarted_at = p.annotations().get("stateward.dev/restarted-at").cloned();
+            (p.name_any(), Member { uid: p.uid().unwrap_or_default(), ready, restarted_at, cpu })
+        })
+        .collect()
+}
+
+/// `spec.paused` and `stateward.dev/restarted-at` for one kind. Paused, a spec change (a CPU
+/// request) and a restart (`kubectl stateward restart`) are seen and not applied: no
+/// StatefulSet written, no pod replaced, the status says Paused, for 10 s. Resumed, both are
+/// applied by one rolling restart in the service's safe order: every pod replaced once, never
+/// two members down at once, `case.last` last (after a switchover where the service has a
+/// writer), and the data read back.
+async fn paused_then_restarted(env: &TestEnv, case: &Case) {
+    let api = case.kind.api(env);
+    let sets: Api<StatefulSet> = env.api();
+    let instance = ListParams::default().labels(&format!("{INSTANCE_LABEL}={}", case.name));
+    let sets_now = || async {
+        let list = sets.list(&instance).await.expect("StatefulSets");
+        list.items.into_iter().map(|s| (s.name_any(), s.resource_version())).collect::<BTreeMap<_, _>>()
+    };
+    let cr = get_cr(&api, case.name).await.expect("CR");
+    let last =
+        (case.last)(&cr).unwrap_or_else(|| panic!("{}: no pod to replace last: {}", case.name, summary(&cr)));
+    let ns = env.namespace.clone();
+    let (sets_before, before) = (sets_now().await, members(env, case.name).await);
+
+    e2e::kubectl_stateward(env, &["pause", case.name, "-n", &ns]);
+    let target = format!("{}/{}", case.kind.plural, case.name);
+    e2e::patch_ok(env, &ns, &target, &json!({"spec": {"resources": {"requests": {"cpu": "60m"}}}}));
+    e2e::kubectl_stateward(env, &["restart", case.name, "-n", &ns]);
+    let (_, seen) =
+        wait_for(&format!("{}: the change seen while paused", case.name), Duration::from_secs(60), || {
+            let api = api.clone();
+            async move {
+                let cr = get_cr(&api, case.name).await.ok_or("CR gone")?;
+                let seen = cr.pointer("/status/observedGeneration") == cr.pointer("/metadata/generation");
+                if seen && condition(&cr, "Paused") == Some("True") {
+                    Ok(())
+                } else {
+                    Err(summary(&cr))
+                }
+            }
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(sets_now().await, sets_before, "{}: a paused resource's StatefulSets were written", case.name);
+    assert_eq!(members(env, case.name).await, before, "{}: a paused resource's pods changed", case.name);
+
+    e2e::kubectl_stateward(env, &["resume", case.name, "-n", &ns]);
+    let resumed = Instant::now();
+    // Polled until every member is a new, Ready pod: when each was replaced, and how many
+    // members were down (absent or not Ready) at once.
+    let mut replaced: Vec<(String, Duration)> = Vec::new();
+    let mut most_down = 0;
+    let deadline = resumed + Duration::from_secs(600);
+    loop {
+        let now = members(env, case.name).await;
+        for (name, old) in &before {
+            let new_uid = now.get(name).is_some_and(|m| m.uid != old.uid);
+            if new_uid && !replaced.iter().any(|(n, _)| n == name) {
+                replaced.push((name.clone(), resumed.elapsed()));
+            }
+        }
+        let down = before.keys().filter(|n| !now.get(*n).is_some_and(|m| m.ready)).count();
+        most_down = most_down.max(down);
+        if replaced.len() == before.len() && down == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: the rolling restart did not finish in 600 s: replaced {replaced:?}; now {now:#?}",
+            case.name
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let rolled = resumed.elapsed();
+    super::wait_converged(env, case.kind, case.name, Duration::from_secs(300)).await;
+    let after = members(env, case.name).await;
+    let cr = get_cr(&api, case.name).await.expect("CR");
+    let stamp = cr
+        .pointer("/metadata/annotations/stateward.dev~1restarted-at")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    assert!(stamp.is_some(), "{}: kubectl stateward restart set no annotation", case.name);
+    for (name, m) in &after {
+        assert_ne!(before.get(name).map(|b| &b.uid), Some(&m.uid), "{}: {name} was not replaced", case.name);
+        assert_eq!(
+            (m.restarted_at.as_ref(), m.cpu.as_deref()),
+            (stamp.as_ref(), Some("60m")),
+            "{}: {name}",
+            case.name
+        );
+    }
+    let order: Vec<&str> = replaced.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(order.last(), Some(&last.as_str()), "{}: {last} goes last: {replaced:?}", case.name);
+    assert!(most_down <= 1, "{}: {most_down} members down at once: {replaced:?}", case.name);
+    let writer = (case.writer)(&cr);
+    if case.switches_over {
+        assert!(
+            writer.as_ref().is_some_and(|w| *w != last),
+            "{}: the writes moved off {last}: now {writer:?}",
+            case.name
+        );
+    }
+    let read = reads_back(env, case, Duration::from_secs(120)).await;
+    eprintln!(
+        "realpods-lifecycle: {} {} paused: the CPU request and the restart seen {seen:.1?} after asked, nothing \
+         written for 10 s; resumed: rolled in {rolled:.1?}, in order {replaced:.1?}, one member down at a time, \
+         writer {writer:?} after, {} read back {read:.1?} later",
+        case.kind.kind, case.name, case.expected
+    );
+}
+
 /// What must outlive a hibernation: each claim's uid, each Secret's uid and data.
 async fn kept(env: &TestEnv, instance: &str) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     let secrets: Api<Secret> = env.api();
@@ -276,16 +434,17 @@ async fn pods_left(env: &TestEnv, instance: &str) -> Result<usize, String> {
     Ok(list.items.len())
 }
 
-/// Must-show 6 of [in-cluster], fence → unfence and hibernate → wake, for the three kinds at
-/// once (PostgreSQL with a primary and a standby, Redis with a master, two replicas and
-/// Sentinels, three OpenSearch nodes). The data is written; the pod that takes the writes is
-/// fenced: it leaves every client Service's endpoints, stays as it was, and takes no write
-/// (PostgreSQL read-only, Redis refusing, OpenSearch holding no shard), until unfenced. Then
-/// every pod stops with its claims and Secrets kept, and after the wake the same claims serve
-/// the same rows, keys and documents.
+/// Must-show 6 of [in-cluster], fence → unfence, pause → restart → resume and hibernate → wake,
+/// for the three kinds at once (PostgreSQL with a primary and a standby, Redis with a master,
+/// two replicas and Sentinels, three OpenSearch nodes). The data is written; the pod that takes
+/// the writes is fenced: it leaves every client Service's endpoints, stays as it was, and takes
+/// no write (PostgreSQL read-only, Redis refusing, OpenSearch holding no shard), until
+/// unfenced. Paused, a spec change and a restart wait; resumed, one roll applies them in the
+/// service's safe order. Then every pod stops with its claims and Secrets kept, and after the
+/// wake the same claims serve the same rows, keys and documents.
 #[tokio::test]
-async fn fence_and_hibernate_keep_the_data_of_every_kind() {
-    let name = test_name("fence_and_hibernate_keep_the_data_of_every_kind");
+async fn every_lifecycle_verb_keeps_the_data_of_every_kind() {
+    let name = test_name("every_lifecycle_verb_keeps_the_data_of_every_kind");
     // Alone: seven servers, three of them OpenSearch JVMs, woken at once took the 2 cores
     // long enough, beside the PostgreSQL failover tests, that neither side met its bounds.
     let Some(env) = RealPods::enter_exclusive(&name, "rp-life").await.expect("real-pods cluster") else {
@@ -321,6 +480,8 @@ async fn fence_and_hibernate_keep_the_data_of_every_kind() {
     for case in &cases {
         fence_and_unfence(&env, case).await;
     }
+    // The three rolls at once: each kind's order is its own.
+    futures::future::join_all(cases.iter().map(|case| paused_then_restarted(&env, case))).await;
 
     let mut before = Vec::new();
     for case in &cases {
