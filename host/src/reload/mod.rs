@@ -202,6 +202,7 @@ impl Reloader {
             digest = plugin.digest(),
             configmap = cm_name,
             vet_ms = took.as_millis() as u64,
+            compiler = plugin.compiler().as_str(),
             functions_compiled = plugin.compile_reuse().compiled,
             functions_reused = plugin.compile_reuse().reused,
             "plugin swapped in"

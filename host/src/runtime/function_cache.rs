@@ -1,8 +1,8 @@
 //! Cranelift's incremental compilation cache, kept in memory: a new build of a plugin compiles
 //! only the functions that differ from the builds this process compiled before it. Most of a
 //! new build is the same sdk, serde and service code as the build it replaces, so a hot reload
-//! is vetted in a fraction of a full compile (must-show of [in-cluster]: a pinned build served
-//! within 2 s, by pods with one CPU each). Reuse is partial: a build moves its static data, so
+//! is vetted in a fraction of a full compile. Cranelift only (`--plugin-compiler cranelift`,
+//! the default off x86-64): Winch compiles in one pass and keeps no such cache. Reuse is partial: a build moves its static data, so
 //! every function addressing data past a change compiles again (about a third of the Redis
 //! plugin for a one-line change).
 //!

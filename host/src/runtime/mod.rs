@@ -26,7 +26,7 @@ pub use plan::{
 };
 pub use plugin::{CrdVersion, FieldError, KindInfo, Observed, Plugin, PluginInfo};
 pub use registry::{LiveRegistry, Registry};
-pub use sandbox::{AllocatorKind, Lane, Limits, Sandbox};
+pub use sandbox::{AllocatorKind, Compiler, Lane, Limits, Sandbox};
 
 /// The WIT package this host speaks, and its current version; every version in
 /// [`Contract::SERVED`] loads, any other is refused.

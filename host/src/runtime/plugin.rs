@@ -201,6 +201,10 @@ impl Plugin {
         }
     }
     /// Whether this load came from the on-disk precompiled cache.
+    /// The compiler that made its code.
+    pub fn compiler(&self) -> super::Compiler {
+        self.sandbox.compiler()
+    }
     pub fn loaded_from_cache(&self) -> bool {
         self.from_cache
     }

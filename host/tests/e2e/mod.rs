@@ -431,6 +431,26 @@ pub fn summary(cr: &Value) -> String {
     )
 }
 
+/// Waits until the operator has seen the latest spec of a paused resource (observedGeneration
+/// caught up) and says so (`Paused` True): from then on it would have acted, had it not been
+/// paused. Returns how long that took.
+pub async fn wait_paused_seen(api: &Api<DynamicObject>, name: &str, timeout: Duration) -> Duration {
+    let (_, seen) = wait_for(&format!("{name}: the change seen while paused"), timeout, || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, name).await.ok_or("CR gone")?;
+            let seen = cr.pointer("/status/observedGeneration") == cr.pointer("/metadata/generation");
+            if seen && condition(&cr, "Paused") == Some("True") {
+                Ok(())
+            } else {
+                Err(summary(&cr))
+            }
+        }
+    })
+    .await;
+    seen
+}
+
 /// Waits for phase Running, Available=True, readyReplicas == `replicas` == the StatefulSet's
 /// ready count, and observedGeneration == generation.
 pub async fn wait_running(

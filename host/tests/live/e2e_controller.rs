@@ -99,19 +99,7 @@ async fn lifecycle(kind: Kind) {
     let ns = env.namespace.clone();
     kubectl_stateward(&env, &["pause", name, "-n", &ns]);
     patch_ok(&env, &env.namespace, &target, &json!({"spec": {"replicas": 5}}));
-    let (_, noticed) = wait_for("the change seen while paused", CONVERGE, || {
-        let api = api.clone();
-        async move {
-            let cr = get_cr(&api, name).await.ok_or("CR gone")?;
-            let seen = cr.pointer("/status/observedGeneration") == cr.pointer("/metadata/generation");
-            if seen && condition(&cr, "Paused") == Some("True") {
-                Ok(())
-            } else {
-                Err(summary(&cr))
-            }
-        }
-    })
-    .await;
+    let noticed = wait_paused_seen(&api, name, CONVERGE).await;
     let replicas = |s: StatefulSet| s.spec.and_then(|sp| sp.replicas);
     let held = replicas(sts_api(&env).get(name).await.expect("StatefulSet"));
     assert_eq!(held, Some(3), "a paused resource's StatefulSet was changed");

@@ -39,6 +39,31 @@ fn infinite_loop_is_interrupted_within_budget() {
     assert_still_works(&plugin);
 }
 
+/// The tests here run on the machine's default compiler (Winch on x86-64); the budget and the
+/// memory cap hold with the other compiler as well.
+#[test]
+fn the_budget_and_the_memory_cap_hold_with_either_compiler() {
+    use stateward::runtime::{AllocatorKind, Compiler, Sandbox};
+    for compiler in [Compiler::Winch, Compiler::Cranelift] {
+        let limits =
+            Limits { budget: Duration::from_millis(300), memory_bytes: 32 << 20, ..Limits::default() };
+        let sandbox = Sandbox::with_compiler(limits, AllocatorKind::Auto, compiler, None).expect("sandbox");
+        assert_eq!(sandbox.compiler(), compiler);
+        let plugin = load(&sandbox, "fixture-hostile");
+        let started = Instant::now();
+        let err = reconcile(&plugin, "loop", "").expect_err("loop must not finish");
+        assert!(matches!(err, RuntimeError::Timeout { .. }), "{compiler:?}: got {err}");
+        assert!(
+            started.elapsed() < Duration::from_millis(1300),
+            "{compiler:?}: took {:?}",
+            started.elapsed()
+        );
+        let err = reconcile(&plugin, "bomb", "").expect_err("bomb must fail");
+        assert!(matches!(err, RuntimeError::OutOfMemory { .. }), "{compiler:?}: got {err}");
+        assert_still_works(&plugin);
+    }
+}
+
 #[test]
 fn memory_bomb_traps_at_the_cap() {
     let sandbox = sandbox_with(Limits { memory_bytes: 32 << 20, ..Limits::default() });

@@ -619,19 +619,21 @@ async fn pinned_plugin_build_in_the_cluster(env: &TestEnv) {
         applied.elapsed()
     );
     assert_eq!(swapped.len(), 2, "both operator pods log the swap: {swapped:?}");
-    // Printed, not bounded: with both pods compiling under their 1-CPU limits beside the
-    // suite's other servers it is 1.2-2.2 s; each pod reuses most of what the build it replaces
-    // compiled (Cranelift's incremental cache).
+    // Both pods compile the build at once, each under its 1-CPU limit, with Winch (the default
+    // on x86-64; Cranelift took 1.2-2.2 s here, most of it compiling).
+    if cfg!(target_arch = "x86_64") {
+        assert!(swapped.iter().all(|s| s.compiler == "winch"), "compiled by Winch: {swapped:?}");
+    }
     assert!(
-        swapped.iter().all(|s| s.functions_reused > s.functions_compiled),
-        "most functions reused from the running build: {swapped:?}"
+        swapped.iter().all(|s| s.after_secs <= 2.0),
+        "both pods serve the pinned build within 2 s of its ConfigMap's apply: {swapped:?}"
     );
 }
 
 /// For each operator pod, how many seconds after `since` it logged swapping in the plugin build
 /// of `digest` (hex), by the container runtime's timestamps of its log lines, with what its
-/// vetting logged: its own time (`vet_ms`, compiling included) and the functions it compiled
-/// and found compiled by the build before it.
+/// vetting logged: its own time (`vet_ms`, compiling included), the compiler, and the functions
+/// it compiled and found compiled by the build before it (Cranelift's incremental cache).
 fn swapped_in(env: &TestEnv, digest: &str, since: jiff::Timestamp) -> Vec<Swapped> {
     operator_pods(env)
         .iter()
@@ -647,6 +649,12 @@ fn swapped_in(env: &TestEnv, digest: &str, since: jiff::Timestamp) -> Vec<Swappe
             Some(Swapped {
                 after_secs: at.duration_since(since).as_secs_f64(),
                 vet_ms: field("vet_ms").unwrap_or_default(),
+                compiler: record
+                    .pointer("/fields/compiler")
+                    .or(record.get("compiler"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
                 functions_compiled: field("functions_compiled").unwrap_or_default(),
                 functions_reused: field("functions_reused").unwrap_or_default(),
             })
@@ -660,6 +668,7 @@ fn swapped_in(env: &TestEnv, digest: &str, since: jiff::Timestamp) -> Vec<Swappe
 struct Swapped {
     after_secs: f64,
     vet_ms: u64,
+    compiler: String,
     functions_compiled: u64,
     functions_reused: u64,
 }

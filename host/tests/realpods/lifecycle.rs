@@ -328,20 +328,7 @@ async fn paused_then_restarted(env: &TestEnv, case: &Case) {
     let target = format!("{}/{}", case.kind.plural, case.name);
     e2e::patch_ok(env, &ns, &target, &json!({"spec": {"resources": {"requests": {"cpu": "60m"}}}}));
     e2e::kubectl_stateward(env, &["restart", case.name, "-n", &ns]);
-    let (_, seen) =
-        wait_for(&format!("{}: the change seen while paused", case.name), Duration::from_secs(60), || {
-            let api = api.clone();
-            async move {
-                let cr = get_cr(&api, case.name).await.ok_or("CR gone")?;
-                let seen = cr.pointer("/status/observedGeneration") == cr.pointer("/metadata/generation");
-                if seen && condition(&cr, "Paused") == Some("True") {
-                    Ok(())
-                } else {
-                    Err(summary(&cr))
-                }
-            }
-        })
-        .await;
+    let seen = e2e::wait_paused_seen(&api, case.name, Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(sets_now().await, sets_before, "{}: a paused resource's StatefulSets were written", case.name);
     assert_eq!(members(env, case.name).await, before, "{}: a paused resource's pods changed", case.name);

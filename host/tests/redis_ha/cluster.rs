@@ -259,6 +259,27 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     );
     assert_eq!(readable, KEYS);
     assert!(events.iter().any(|e| e.contains("ClusterFormed")), "{events:#?}");
+    // `ok` is each server's own verdict on its slots; one can still route a peer to the address
+    // its pod had before (gossip corrects it), and a client sent there waits on a dead address.
+    // Status names such routes until none is left: the writer below starts after that.
+    let api = REDIS.api(&env);
+    let routes_started = Instant::now();
+    wait_for("shop: every server routes every pod to its current address", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, "shop").await.ok_or("CR not found")?;
+            match cr.pointer("/status/cluster/staleRoutes") {
+                None => Ok(()),
+                Some(stale) => Err(format!("stale routes {stale}")),
+            }
+        }
+    })
+    .await;
+    eprintln!(
+        "realpods-redis: cluster: every route current {:.1?} after ok ({:.1?} after the pods' deletion)",
+        routes_started.elapsed(),
+        started.elapsed()
+    );
 
     // Must show 3: a fourth shard (8 pods), which takes an even share of the slots and their
     // keys, then back to three, while a writer sets a new key every 50 ms.
@@ -281,13 +302,16 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     // The writer: each SET through `redis-cli -c` (it follows MOVED and ASK), its answer kept.
     // As cluster clients do, a SET answered CLUSTERDOWN or TRYAGAIN is tried again (up to 5
     // times, 200 ms apart); each such answer is recorded in /tmp/w.retried and counted below.
+    // A SET without an answer in 10 s is logged as `(no answer)` with when it was sent, so a
+    // stall can be matched with the operator's log.
     client_sh(
         &env,
         "rm -f /tmp/w.log /tmp/w.retried; \
-         (set_w() { timeout 10 redis-cli -c -h shop SET w:$1 v:$1 2>&1 | tr '\\n' ' '; }; \
-         i=0; while [ ! -e /tmp/w.stop ]; do i=$((i+1)); r=$(set_w $i); n=0; \
+         (set_w() { r=$(timeout 10 redis-cli -c -h shop SET w:$1 v:$1 2>&1 | tr '\\n' ' '); \
+         [ -n \"$r\" ] || r=\"(no answer) sent $2\"; echo \"$r\"; }; \
+         i=0; while [ ! -e /tmp/w.stop ]; do i=$((i+1)); r=$(set_w $i \"$(date -u +%T.%N)\"); n=0; \
          while [ $n -lt 5 ] && case \"$r\" in CLUSTERDOWN*|TRYAGAIN*) true;; *) false;; esac; do \
-         echo \"$i $r\" >> /tmp/w.retried; n=$((n+1)); sleep 0.2; r=$(set_w $i); done; \
+         echo \"$i $r\" >> /tmp/w.retried; n=$((n+1)); sleep 0.2; r=$(set_w $i \"$(date -u +%T.%N)\"); done; \
          printf '%s %s\\n' \"$i\" \"$r\" >> /tmp/w.log; sleep 0.05; done) >/dev/null 2>&1 &",
     );
     let started = Instant::now();

@@ -37,6 +37,8 @@ pub const MIGRATE_TIMEOUT_MS: u64 = 3_000;
 const _: () = assert!(MIGRATE_TIMEOUT_MS < NODE_TIMEOUT_MS);
 /// At most this many `CLUSTER MEET` in one plan.
 pub const MAX_MEETS: usize = 4;
+/// At most this many stale routes named in status.
+pub const MAX_STALE: usize = 8;
 /// The type of the condition saying whether the cluster serves every slot.
 pub const CONDITION: &str = "ClusterOk";
 
@@ -195,6 +197,9 @@ pub struct Decision {
     pub form: Option<(String, Vec<String>)>,
     /// `CLUSTER MEET <ip>` to send from a pod: (pod, ip).
     pub meets: Vec<(String, String)>,
+    /// Servers that route to a peer at an address its pod no longer has, or not at all
+    /// (at most [`MAX_STALE`]): a client they redirect there waits on a dead address.
+    pub stale: Vec<String>,
     /// The role label of every pod (None: no label).
     pub roles: Vec<(String, Option<&'static str>)>,
     pub shards: Vec<Shard>,
@@ -215,6 +220,7 @@ pub fn decide(members: &[Member], formed: bool, pods: usize, replicas_per_shard:
         formed,
         form: None,
         meets: Vec::new(),
+        stale: Vec::new(),
         roles: Vec::new(),
         shards: Vec::new(),
         state: String::new(),
@@ -279,6 +285,26 @@ pub fn decide(members: &[Member], formed: bool, pods: usize, replicas_per_shard:
         });
         if let Some((other, _)) = missing.filter(|_| d.meets.len() < MAX_MEETS) {
             d.meets.push((m.pod.clone(), other.ip.clone()));
+        }
+    }
+
+    // Routes: after pods came back on new IPs, a server can say `ok` while it still lists a
+    // peer's node at the peer's old address (gossip corrects it within seconds); the slots of
+    // that peer are redirected there until then. Each stale route is named, so status shows
+    // when every server routes to every pod where it is.
+    for (m, v) in views.iter().filter(|(m, _)| !m.deleting && stays(m)) {
+        for (other, ov) in
+            views.iter().filter(|(o, _)| o.pod != m.pod && !o.deleting && !o.ip.is_empty() && stays(o))
+        {
+            let Some(id) = ov.myself().map(|n| n.id.as_str()) else { continue };
+            let listed = v.nodes.iter().find(|n| n.id == id);
+            if listed.is_some_and(|n| n.ip == other.ip) || d.stale.len() >= MAX_STALE {
+                continue;
+            }
+            d.stale.push(match listed {
+                Some(n) => format!("{} routes {} to {}", m.pod, other.pod, n.ip),
+                None => format!("{} does not know {}", m.pod, other.pod),
+            });
         }
     }
 

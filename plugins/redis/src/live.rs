@@ -703,6 +703,9 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         "slotsOk": d.slots_ok,
         "shards": d.shards.iter().map(|s| json!({ "master": s.master, "slots": s.slots, "replicas": s.replicas })).collect::<Vec<_>>(),
     });
+    if !d.stale.is_empty() {
+        status["staleRoutes"] = json!(d.stale);
+    }
     if !formation.is_empty() {
         status["formation"] = json!(formation);
     }

@@ -727,3 +727,42 @@ fn a_scaling_request_the_host_never_recorded_is_asked_for_again() {
     let m = asked(json!({ "cluster-rebalance-0": { "state": "Sent", "sentAtMs": 1_699_999_995_000u64 } }));
     assert!(m.is_empty(), "sent and not answered: nothing else moves meanwhile: {m:?}");
 }
+
+#[test]
+fn a_server_routing_a_peer_to_its_old_address_is_named_until_gossip_corrects_it() {
+    let view = |me: &str| parse(&(info("ok", SLOTS, SLOTS, 4) + &nodes(me))).unwrap();
+    assert!(decide(&four(), true, 4, 1).stale.is_empty(), "every server routes every pod where it is");
+    // cache-3 (d) came back on 10.0.0.14. cache-0 lists a node shaking hands there (so no
+    // meeting is asked), but still routes d's id to 10.0.0.4, as do the others: `ok`, yet a
+    // client they redirect to d would wait on a dead address.
+    let mut shaking = view(A);
+    shaking.nodes.push(crate::cluster::Node { id: E.into(), ip: "10.0.0.14".into(), ..Default::default() });
+    let members = vec![
+        member("cache-0", "10.0.0.1", Some(shaking)),
+        member("cache-1", "10.0.0.2", Some(view(B))),
+        member("cache-2", "10.0.0.3", Some(view(C))),
+        member("cache-3", "10.0.0.14", Some(view(D))),
+    ];
+    let d = decide(&members, true, 4, 1);
+    assert_eq!(d.condition.status, ConditionStatus::True, "the servers say ok");
+    assert_eq!(
+        d.stale,
+        [
+            "cache-0 routes cache-3 to 10.0.0.4",
+            "cache-1 routes cache-3 to 10.0.0.4",
+            "cache-2 routes cache-3 to 10.0.0.4"
+        ]
+    );
+    // A server that does not know a pod's node at all is named too; the list is bounded.
+    let alone = parse(
+        &(info("fail", 0, 0, 1) + &format!("{A} 10.0.0.1:6379@16379 myself,master - 0 0 1 connected\n")),
+    )
+    .unwrap();
+    let mut lonely = members.clone();
+    lonely[0].answer = Some(Ok(alone));
+    let d = decide(&lonely, true, 4, 1);
+    assert!(d.stale.contains(&"cache-0 does not know cache-1".to_string()), "{:?}", d.stale);
+    let moved: Vec<Member> =
+        four().iter().enumerate().map(|(i, m)| Member { ip: format!("10.0.1.{i}"), ..m.clone() }).collect();
+    assert_eq!(decide(&moved, true, 4, 1).stale.len(), crate::cluster::MAX_STALE);
+}
