@@ -203,6 +203,7 @@ impl Reloader {
             configmap = cm_name,
             vet_ms = took.as_millis() as u64,
             compiler = plugin.compiler().as_str(),
+            compile_ms = plugin.compile_time().as_millis() as u64,
             functions_compiled = plugin.compile_reuse().compiled,
             functions_reused = plugin.compile_reuse().reused,
             "plugin swapped in"

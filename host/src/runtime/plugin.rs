@@ -90,6 +90,8 @@ pub struct Plugin {
     /// Functions this load found compiled already and compiled anew (none of either when the
     /// precompiled cache answered).
     reuse: super::Reuse,
+    /// How long making its code took (compiling, or loading it from the precompiled cache).
+    compile_time: std::time::Duration,
     /// Consecutive calls that ran out of time or memory; see [`Plugin::on_probation`].
     faults: std::sync::atomic::AtomicU32,
     probation: tokio::sync::Semaphore,
@@ -113,6 +115,7 @@ impl Plugin {
         super::declared::Declared::of(bytes)?.check(&sandbox.limits)?;
         let digest = hex::encode(Sha256::digest(bytes));
         let functions_before = sandbox.functions.reuse();
+        let started = std::time::Instant::now();
         let (component, from_cache) = match &sandbox.cache {
             Some(cache) => cache.load_or_compile(&sandbox.engine, &digest, bytes)?,
             None => (
@@ -121,6 +124,7 @@ impl Plugin {
                 false,
             ),
         };
+        let compile_time = started.elapsed();
         let reuse = sandbox.functions.reuse().since(functions_before);
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(&sandbox.engine).map(|(n, _)| n.to_string()).collect();
@@ -149,6 +153,7 @@ impl Plugin {
             exports,
             from_cache,
             reuse,
+            compile_time,
             faults: std::sync::atomic::AtomicU32::new(0),
             probation: tokio::sync::Semaphore::new(1),
         };
@@ -201,6 +206,10 @@ impl Plugin {
         }
     }
     /// Whether this load came from the on-disk precompiled cache.
+    /// How long making its code took: compiling, or loading it from the precompiled cache.
+    pub fn compile_time(&self) -> std::time::Duration {
+        self.compile_time
+    }
     /// The compiler that made its code.
     pub fn compiler(&self) -> super::Compiler {
         self.sandbox.compiler()

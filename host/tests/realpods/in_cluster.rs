@@ -649,6 +649,7 @@ fn swapped_in(env: &TestEnv, digest: &str, since: jiff::Timestamp) -> Vec<Swappe
             Some(Swapped {
                 after_secs: at.duration_since(since).as_secs_f64(),
                 vet_ms: field("vet_ms").unwrap_or_default(),
+                compile_ms: field("compile_ms").unwrap_or_default(),
                 compiler: record
                     .pointer("/fields/compiler")
                     .or(record.get("compiler"))
@@ -668,6 +669,7 @@ fn swapped_in(env: &TestEnv, digest: &str, since: jiff::Timestamp) -> Vec<Swappe
 struct Swapped {
     after_secs: f64,
     vet_ms: u64,
+    compile_ms: u64,
     compiler: String,
     functions_compiled: u64,
     functions_reused: u64,
