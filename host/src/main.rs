@@ -119,7 +119,7 @@ struct SandboxArgs {
     plugin_output_mib: usize,
     #[arg(long, value_enum, default_value = "auto")]
     allocator: AllocatorKind,
-    /// Compiler of plugin code: winch compiles about four times faster (a hot-loaded build
+    /// Compiler of plugin code: winch compiles about six times faster (a hot-loaded build
     /// serves sooner), cranelift makes faster code; auto is winch on x86-64.
     #[arg(long, value_enum, env = "STATEWARD_PLUGIN_COMPILER", default_value = "auto")]
     plugin_compiler: Compiler,

@@ -2,9 +2,9 @@
 //! only the functions that differ from the builds this process compiled before it. Most of a
 //! new build is the same sdk, serde and service code as the build it replaces, so a hot reload
 //! is vetted in a fraction of a full compile. Cranelift only (`--plugin-compiler cranelift`,
-//! the default off x86-64): Winch compiles in one pass and keeps no such cache. Reuse is partial: a build moves its static data, so
-//! every function addressing data past a change compiles again (about a third of the Redis
-//! plugin for a one-line change).
+//! the default off x86-64): Winch compiles in one pass and keeps no such cache. Reuse is
+//! partial: a build moves its static data, so every function addressing data past a change
+//! compiles again (about a third of the Redis plugin for a one-line change).
 //!
 //! Cranelift keys each entry by a SHA-256 over the function's IR and the compiler's settings;
 //! the entries are made by this process's own compiler and never read from outside it, so a

@@ -205,7 +205,6 @@ impl Plugin {
             Pre::V0_2(_) => Contract::V0_2,
         }
     }
-    /// Whether this load came from the on-disk precompiled cache.
     /// How long making its code took: compiling, or loading it from the precompiled cache.
     pub fn compile_time(&self) -> std::time::Duration {
         self.compile_time
@@ -214,6 +213,7 @@ impl Plugin {
     pub fn compiler(&self) -> super::Compiler {
         self.sandbox.compiler()
     }
+    /// Whether this load came from the on-disk precompiled cache.
     pub fn loaded_from_cache(&self) -> bool {
         self.from_cache
     }

@@ -68,7 +68,7 @@ pub enum AllocatorKind {
 /// wasmtime's first tier of support on x86-64 (fuzzed continuously, security advisories).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Compiler {
-    /// Winch, the baseline compiler: one pass per function, about four times faster to compile
+    /// Winch, the baseline compiler: one pass per function, about six times faster to compile
     /// than Cranelift, code somewhat slower. A hot-loaded build serves sooner, and a plugin
     /// call's cost is mostly the host's (JSON in and out) anyway.
     Winch,
