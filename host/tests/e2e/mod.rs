@@ -9,7 +9,6 @@
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -351,18 +350,7 @@ impl Drop for Operator {
 
 /// Runs kubectl with `input` on stdin.
 pub fn kubectl_stdin(env: &TestEnv, args: &[&str], input: &str) -> Output {
-    let mut child = env
-        .kubectl()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn kubectl");
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(input.as_bytes()).expect("write kubectl stdin");
-    }
-    child.wait_with_output().expect("kubectl output")
+    env.kubectl_output(args, Some(input)).expect("run kubectl")
 }
 
 /// `kubectl apply -f -` of one object into `namespace`; panics with kubectl's message on failure.

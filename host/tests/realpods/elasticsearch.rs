@@ -5,15 +5,11 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use stateward_testkit::real::RealPods;
+use stateward_testkit::real::{RealPods, Weight};
 use stateward_testkit::TestEnv;
 
 use super::e2e::{self, get_cr, summary, wait_for};
 use super::{kubectl_in, kubectl_ok, OPENSEARCH_IMAGE};
-
-fn test_name(name: &str) -> String {
-    super::support::test_name(module_path!(), name)
-}
 
 /// Masters (cluster-manager only) and data nodes (data and ingest), 512 MB heaps.
 fn node_sets_cluster(name: &str) -> Value {
@@ -52,8 +48,7 @@ fn curl(env: &TestEnv, pod: &str, args: &[&str]) -> String {
 /// clears once it is green again.
 #[tokio::test]
 async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
-    let name = test_name("opensearch_node_sets_form_one_green_cluster_with_their_roles");
-    let Some(env) = RealPods::enter(&name, "rp-es").await.expect("real-pods cluster") else {
+    let Some(env) = RealPods::enter(Weight::Heavy, "rp-es").await.expect("real-pods cluster") else {
         return;
     };
     let mut op = super::start_operator(&env, "es-sets");
@@ -81,6 +76,7 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
         "realpods[es]: 6 OpenSearch nodes green {took:.1?} after create: {}",
         cr["status"]["clusterHealth"]
     );
+    stateward_testkit::report::seconds("opensearch.six_nodes.green_after_create", took, None);
     let formed_at = cr.pointer("/status/formation/formedAt").and_then(Value::as_u64);
     assert!(formed_at.is_some(), "no formation recorded: {}", summary(&cr));
     assert_eq!(

@@ -11,7 +11,7 @@
 //!
 //! The install is cluster-wide (webhook configurations, ClusterRoles, a controller for every
 //! namespace), so the test runs alone among the real-pods tests
-//! ([`RealPods::enter_exclusive`]) and removes everything it installed except the CRDs, which
+//! (`RealPods::enter(Weight::Exclusive, …)`) and removes everything it installed except the CRDs, which
 //! the other tests install the same way (deploy/crds).
 
 use std::collections::BTreeSet;
@@ -20,7 +20,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use stateward_testkit::real::RealPods;
+use stateward_testkit::real::{RealPods, Weight};
 use stateward_testkit::TestEnv;
 
 use super::e2e::{self, condition, get_cr, phase, summary, wait_for, POSTGRES};
@@ -39,7 +39,7 @@ fn out_text(out: &Output) -> String {
 /// kubectl with the test's kubeconfig, no namespace implied; its stdout, or a panic naming
 /// the command and what it said.
 fn kubectl(env: &TestEnv, args: &[&str]) -> String {
-    let out = env.kubectl().args(args).output().expect("run kubectl");
+    let out = env.kubectl_output(args, None).expect("run kubectl");
     assert!(out.status.success(), "kubectl {args:?} failed: {}", out_text(&out));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -624,9 +624,17 @@ async fn pinned_plugin_build_in_the_cluster(env: &TestEnv) {
     if cfg!(target_arch = "x86_64") {
         assert!(swapped.iter().all(|s| s.compiler == "winch"), "compiled by Winch: {swapped:?}");
     }
+    for s in &swapped {
+        stateward_testkit::report::figure(
+            "hot_reload.in_cluster.swap",
+            s.after_secs,
+            "s",
+            stateward_testkit::report::Target::AtMost(2.0),
+        );
+    }
     assert!(
-        swapped.iter().all(|s| s.after_secs <= 2.0),
-        "both pods serve the pinned build within 2 s of its ConfigMap's apply: {swapped:?}"
+        swapped.iter().all(|s| s.after_secs <= 6.0),
+        "both pods serve the pinned build within 6 s of its ConfigMap's apply (liveness: 3x the 2 s target): {swapped:?}"
     );
 }
 
@@ -1001,8 +1009,7 @@ async fn reinstall_keeps_the_service_ca(
 
 #[tokio::test]
 async fn kustomize_install_serves_admission_conversion_and_the_postgres_sample() {
-    let test = "in_cluster::kustomize_install_serves_admission_conversion_and_the_postgres_sample";
-    let Some(env) = RealPods::enter_exclusive(test, "incluster").await.expect("real-pods cluster") else {
+    let Some(env) = RealPods::enter(Weight::Exclusive, "incluster").await.expect("real-pods cluster") else {
         return;
     };
     let root = e2e::workspace_root();
@@ -1272,9 +1279,7 @@ fn operator_can(env: &TestEnv, verb: &str, resource: &str, namespace: &str) -> b
 /// and leaves no webhook configuration behind.
 #[tokio::test]
 async fn helm_install_in_namespace_mode_serves_admission_conversion_and_the_postgres_sample() {
-    let test =
-        "in_cluster::helm_install_in_namespace_mode_serves_admission_conversion_and_the_postgres_sample";
-    let Some(env) = RealPods::enter_exclusive(test, "inhelm").await.expect("real-pods cluster") else {
+    let Some(env) = RealPods::enter(Weight::Exclusive, "inhelm").await.expect("real-pods cluster") else {
         return;
     };
     let root = e2e::workspace_root();

@@ -13,15 +13,11 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use serde_json::{json, Value};
-use stateward_testkit::real::RealPods;
+use stateward_testkit::real::{RealPods, Weight};
 use stateward_testkit::TestEnv;
 
 use super::e2e::{self, condition, get_cr, summary, wait_for, Kind, INSTANCE_LABEL};
 use super::{kubectl_ok, OPENSEARCH_IMAGE, PG_IMAGE, REDIS_IMAGE};
-
-fn test_name(name: &str) -> String {
-    super::support::test_name(module_path!(), name)
-}
 
 /// One kind's resource, and how its data is written and read back inside its pods.
 struct Case {
@@ -431,10 +427,9 @@ async fn pods_left(env: &TestEnv, instance: &str) -> Result<usize, String> {
 /// wake the same claims serve the same rows, keys and documents.
 #[tokio::test]
 async fn every_lifecycle_verb_keeps_the_data_of_every_kind() {
-    let name = test_name("every_lifecycle_verb_keeps_the_data_of_every_kind");
     // Alone: seven servers, three of them OpenSearch JVMs, woken at once took the 2 cores
     // long enough, beside the PostgreSQL failover tests, that neither side met its bounds.
-    let Some(env) = RealPods::enter_exclusive(&name, "rp-life").await.expect("real-pods cluster") else {
+    let Some(env) = RealPods::enter(Weight::Exclusive, "rp-life").await.expect("real-pods cluster") else {
         return;
     };
     let mut op = super::start_operator(&env, "lifecycle");
@@ -539,7 +534,7 @@ async fn every_lifecycle_verb_keeps_the_data_of_every_kind() {
         );
         let cr = get_cr(&case.kind.api(&env), case.name).await.expect("CR");
         assert_eq!(condition(&cr, "Hibernated"), None, "{}", summary(&cr));
-        let events = super::pg_ha::cr_events(&env, case.name).await;
+        let events = super::postgres::cr_events(&env, case.name).await;
         for reason in ["Hibernating", "Hibernated", "Waking"] {
             assert!(
                 events.iter().any(|e| e.contains(&format!(" {reason}: "))),

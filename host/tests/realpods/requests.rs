@@ -10,18 +10,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{AttachParams, Patch, PatchParams};
 use kube::Api;
 use serde_json::{json, Value};
-use stateward_testkit::real::RealPods;
+use stateward_testkit::real::{RealPods, Weight};
 use stateward_testkit::TestEnv;
 
 use super::e2e::{self, get_cr, summary, wait_for, Operator};
 use super::{
     apply_hostile, apply_json, hostile_api, hostile_setup, kubectl_in, kubectl_ok, pod_ready, PG_IMAGE,
 };
-
-/// The libtest name of `name` in this module, for [`RealPods::enter`].
-fn test_name(name: &str) -> String {
-    super::support::test_name(module_path!(), name)
-}
 
 /// A pod of instance `h` running `command` in its container `main`.
 fn pod(name: &str, command: &[&str], ports: &[u16]) -> Value {
@@ -154,8 +149,7 @@ async fn answer(api: &Api<kube::core::DynamicObject>, id: &str) -> Option<Value>
 /// latency; a hanging poll backs off, so it leaves few processes behind in its container.
 #[tokio::test]
 async fn faulty_requests_become_answers_with_errors_and_other_resources_keep_their_latency() {
-    let name = test_name("faulty_requests_become_answers_with_errors_and_other_resources_keep_their_latency");
-    let Some(env) = RealPods::enter(&name, "rp-faults").await.expect("real-pods cluster") else {
+    let Some(env) = RealPods::enter(Weight::Medium, "rp-faults").await.expect("real-pods cluster") else {
         return;
     };
     let (plugins, policies) = hostile_setup(&env, &["echo", "true", "sleep", "head", "cat"]);
@@ -373,13 +367,21 @@ async fn faulty_requests_become_answers_with_errors_and_other_resources_keep_the
     assert!(left as usize <= count("hang", true), "{left} sleeps left by {} sends", count("hang", true));
     assert!(fds1 <= fds0 + 32, "open files grew from {fds0} to {fds1}");
     // The faults run off the reconcile path: other resources wait for CPU, never for a request.
-    // A reconcile that waited for one would wait for its timeout (2 s for the hanging and the
-    // silent ones); the margin under that is for CPU, which the other real-pods test running
-    // beside this one takes in bursts.
+    // Their p50 against the quiet one is a figure (target: within twice it and 1 s); the
+    // ceiling is liveness: a reconcile that waited for every hanging request would be held for
+    // their timeouts again and again.
     let (quiet, busy, later) = (percentile(&before, 0.5), percentile(&during, 0.5), percentile(&after, 0.5));
-    for (when, p50) in [("while the faults start", busy), ("while they go on", later)] {
+    for (when, figure, p50) in
+        [("while the faults start", "starting", busy), ("while they go on", "going_on", later)]
+    {
+        let excess = p50.saturating_sub(quiet * 2).as_millis() as u64;
+        stateward_testkit::report::millis(
+            &format!("requests.faults_{figure}.other_p50_over_2x_quiet"),
+            excess,
+            1_000,
+        );
         assert!(
-            p50 <= quiet * 2 + Duration::from_millis(1000),
+            p50 <= quiet * 3 + Duration::from_secs(6),
             "other resources' p50 {quiet:?} before, {p50:?} {when}: {during:?} / {after:?}"
         );
     }
@@ -392,8 +394,7 @@ async fn faulty_requests_become_answers_with_errors_and_other_resources_keep_the
 /// operator's CPU per request, from /proc. Prints the figures; the bounds are loose.
 #[tokio::test]
 async fn bench_exec_round_trip_against_kubectl_exec() {
-    let name = test_name("bench_exec_round_trip_against_kubectl_exec");
-    let Some(env) = RealPods::enter(&name, "rp-bench").await.expect("real-pods cluster") else {
+    let Some(env) = RealPods::enter(Weight::Medium, "rp-bench").await.expect("real-pods cluster") else {
         return;
     };
     let rounds: usize =
@@ -509,10 +510,21 @@ async fn bench_exec_round_trip_against_kubectl_exec() {
         "{sent} exec requests sent for {} rounds: some twice",
         rounds + WARMUP
     );
-    // Loose: a round trip through the operator costs no more than twice a kubectl exec (which
-    // starts a process), and well under 100 ms of operator CPU.
-    assert!(p50 <= k50 * 2, "operator p50 {p50:?} against kubectl exec p50 {k50:?}");
-    assert!(per_request < 0.1, "operator CPU per request {:.1} ms", per_request * 1000.0);
+    // Figures against a baseline of the same run: a round trip through the operator costs no
+    // more than twice a kubectl exec (which starts a process), and well under 100 ms of
+    // operator CPU. The ceilings are 3 times those.
+    use stateward_testkit::report::{figure, Target};
+    figure("exec.round_trip.p50", ms(p50), "ms", Target::None);
+    figure("exec.round_trip.p99", ms(p99), "ms", Target::None);
+    figure(
+        "exec.round_trip.p50_over_kubectl_exec",
+        p50.as_secs_f64() / k50.as_secs_f64(),
+        "x",
+        Target::AtMost(2.0),
+    );
+    figure("exec.operator_cpu_per_request", per_request * 1000.0, "ms", Target::AtMost(100.0));
+    assert!(p50 <= k50 * 6, "operator p50 {p50:?} against kubectl exec p50 {k50:?}");
+    assert!(per_request < 0.3, "operator CPU per request {:.1} ms", per_request * 1000.0);
     drop(op);
 }
 
@@ -532,8 +544,7 @@ async fn secret_key(env: &TestEnv, name: &str, key: &str) -> Option<String> {
 /// filled by the host, and refilled when the password changes.
 #[tokio::test]
 async fn label_pod_tls_basic_auth_and_derived_keys_on_a_running_pod() {
-    let name = test_name("label_pod_tls_basic_auth_and_derived_keys_on_a_running_pod");
-    let Some(env) = RealPods::enter(&name, "rp-features").await.expect("real-pods cluster") else {
+    let Some(env) = RealPods::enter(Weight::Light, "rp-features").await.expect("real-pods cluster") else {
         return;
     };
     let (plugins, policies) = hostile_setup(&env, &[]);

@@ -23,13 +23,17 @@
 //! - [`real::RealPods`] runs a test on the real-pods cluster (`up --real`: a kubelet running
 //!   real containers), inside that cluster's network namespace.
 //! - [`components`] builds the plugins and fixtures as WebAssembly components.
+//! - [`report`] records what a test measured (timings) for the run's table, apart from its
+//!   verdict.
 //! - [`LoopbackCert`] issues a serving certificate for 127.0.0.1, for webhooks a test
 //!   serves to the API server.
 
 #![forbid(unsafe_code)]
 
 pub mod components;
+pub mod gate;
 pub mod real;
+pub mod report;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -130,6 +134,21 @@ impl Cluster {
         cmd.arg("--kubeconfig").arg(&self.kubeconfig);
         cmd
     }
+}
+
+/// Runs a kubectl command (one of [`Cluster::kubectl`]'s, its arguments set), with `stdin` on its
+/// standard input when given; what it printed and how it ended.
+pub fn run_kubectl(cmd: &mut Command, stdin: Option<&str>) -> std::io::Result<std::process::Output> {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn()?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())?;
+    }
+    child.wait_with_output()
 }
 
 /// Waits until every named CRD (`crd/<name>` or `<name>`) is Established, at most 60 s.
@@ -317,6 +336,16 @@ impl TestEnv {
     /// The built kubectl with `--kubeconfig` set (add `-n` yourself when needed).
     pub fn kubectl(&self) -> Command {
         self.cluster.kubectl()
+    }
+
+    /// Runs the built kubectl with `args`, and `stdin` on its standard input when given; what
+    /// it printed and how it ended. The one place tests run kubectl: their helpers call it.
+    pub fn kubectl_output(
+        &self,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> std::io::Result<std::process::Output> {
+        run_kubectl(self.kubectl().args(args), stdin)
     }
 
     /// Typed API for a namespaced kind in this test's namespace.

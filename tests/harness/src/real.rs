@@ -8,27 +8,37 @@
 //! test's environment. Everything the body starts (the operator, kubectl, its own clients)
 //! inherits the namespace.
 //!
+//! The test's name is never typed by hand: it is the name libtest gave the test's thread, and
+//! the child must report that exactly one test ran and passed (a name that matched nothing
+//! would run no test and exit 0: a silent pass).
+//!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
-//! use stateward_testkit::real::RealPods;
-//! let Some(env) = RealPods::enter("my_test_fn", "pg").await? else { return Ok(()) };
+//! use stateward_testkit::real::{RealPods, Weight};
+//! let Some(env) = RealPods::enter(Weight::Light, "pg").await? else { return Ok(()) };
 //! // inside the namespace: env.client, env.namespace, env.kubectl() …
 //! # Ok(()) }
 //! ```
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
-use tokio::sync::{OnceCell, RwLock};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::sync::OnceCell;
 
+pub use crate::gate::Weight;
+use crate::gate::{Gate, DEFAULT_CAPACITY};
 use crate::{recycle_and_wipe_released_volumes, run_up, Cluster, TestEnv};
 
 /// Set in the re-executed child: the name of the test it runs inside the namespace.
 const CHILD_ENV: &str = "STATEWARD_REALPODS_TEST";
 /// Set in the child: the real cluster's admin kubeconfig.
 const KUBECONFIG_ENV: &str = "STATEWARD_REALPODS_KUBECONFIG";
+/// How many units of [`Weight`] run at once (see [`crate::gate`]).
+const CAPACITY_ENV: &str = "STATEWARD_REALPODS_CAPACITY";
 /// A cold `up --real` imports images and waits for the node: allow more than the kwok cluster.
 const UP_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -72,36 +82,35 @@ async fn start() -> anyhow::Result<RealCluster> {
     Ok(RealCluster { kubeconfig, netns })
 }
 
-/// Tests of this process share the cluster (a read guard each) except those that change it
-/// cluster-wide (the operator installed with its cluster-scoped webhooks, which would decide
-/// every other test's custom resources): those run alone (the write guard, fair, so they are
-/// not starved).
-static CLUSTER_GATE: RwLock<()> = RwLock::const_new(());
+/// The gate every real-pods test of this process passes, by its [`Weight`].
+fn gate() -> &'static Gate {
+    static GATE: std::sync::OnceLock<Gate> = std::sync::OnceLock::new();
+    GATE.get_or_init(|| {
+        let capacity =
+            std::env::var(CAPACITY_ENV).ok().and_then(|c| c.parse().ok()).unwrap_or(DEFAULT_CAPACITY);
+        Gate::new(capacity)
+    })
+}
 
 /// Entry point of a real-pods test; see the module documentation.
 pub struct RealPods;
 
 impl RealPods {
-    /// Outside the namespace: runs `test` (this binary's test of that exact name) inside it and
-    /// returns `Ok(None)` when it passed. Inside: a fresh namespace `<prefix>-…` on the real
-    /// cluster.
-    pub async fn enter(test: &str, prefix: &str) -> anyhow::Result<Option<TestEnv>> {
+    /// Outside the namespace: waits for the gate to admit a test of `weight`, then runs the
+    /// calling test (this binary's test of the same name) inside it and returns `Ok(None)` when
+    /// it passed. Inside: a fresh namespace `<prefix>-…` on the real cluster.
+    pub async fn enter(weight: Weight, prefix: &str) -> anyhow::Result<Option<TestEnv>> {
+        let test = current_test()?;
         if Self::inside() {
-            return Self::enter_gated(test, prefix).await;
+            return Self::enter_gated(&test, prefix).await;
         }
-        let _shared = CLUSTER_GATE.read().await;
-        Self::enter_gated(test, prefix).await
-    }
-
-    /// [`RealPods::enter`] for a test that changes the cluster for every namespace, or that
-    /// loads the machine so much that the tests beside it would miss their bounds: it runs
-    /// while no other real-pods test of this process does.
-    pub async fn enter_exclusive(test: &str, prefix: &str) -> anyhow::Result<Option<TestEnv>> {
-        if Self::inside() {
-            return Self::enter_gated(test, prefix).await;
+        let queued = Instant::now();
+        let _admitted = gate().admit(weight).await;
+        let waited = queued.elapsed();
+        if waited > Duration::from_secs(1) {
+            eprintln!("realpods: {test} ({weight:?}) admitted after {waited:.0?} in line");
         }
-        let _alone = CLUSTER_GATE.write().await;
-        Self::enter_gated(test, prefix).await
+        Self::enter_gated(&test, prefix).await
     }
 
     async fn enter_gated(test: &str, prefix: &str) -> anyhow::Result<Option<TestEnv>> {
@@ -111,23 +120,52 @@ impl RealPods {
             let cluster = Cluster { kubeconfig: PathBuf::from(kubeconfig) };
             return TestEnv::in_cluster(cluster, prefix).await.map(Some);
         }
+        Self::run_inside(test).await.map(|()| None)
+    }
+
+    /// Runs this binary's test `test` alone inside the cluster's network namespace and fails
+    /// unless exactly that one test ran and passed. Its output is forwarded as it comes; its
+    /// duration goes to the run's report.
+    pub async fn run_inside(test: &str) -> anyhow::Result<()> {
         let real = real_cluster().await?;
         let exe = std::env::current_exe().context("locating the test binary")?;
-        let status = tokio::process::Command::new("nsenter")
+        let started = Instant::now();
+        let mut child = tokio::process::Command::new("nsenter")
             .arg(format!("--net={}", real.netns_path().display()))
             .arg(&exe)
             .args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, test)
             .env(KUBECONFIG_ENV, real.kubeconfig())
             .stdin(Stdio::null())
+            .stdout(Stdio::piped())
             .kill_on_drop(true)
-            .status()
-            .await
+            .spawn()
             .with_context(|| format!("running {test} inside the cluster's network namespace"))?;
-        if !status.success() {
-            bail!("{test} failed inside the cluster's network namespace ({status}); its output is above");
+        // libtest's own lines (which tests ran, the result) are on stdout; the body's on stderr.
+        let mut lines = BufReader::new(child.stdout.take().context("the child's stdout")?).lines();
+        let mut stdout = String::new();
+        while let Some(line) = lines.next_line().await.context("reading the child's output")? {
+            // Straight to the process's stdout (libtest's capture would hide it until a
+            // failure), marked as the child's so the run's summary counts the test once.
+            let _ = writeln!(std::io::stdout().lock(), "inside: {line}");
+            stdout.push_str(&line);
+            stdout.push('\n');
         }
-        Ok(None)
+        let status = child.wait().await.context("waiting for the child")?;
+        let verdict = one_test_passed(&stdout).and_then(|()| {
+            if status.success() {
+                Ok(())
+            } else {
+                Err(format!("it exited with {status}"))
+            }
+        });
+        let outcome = if verdict.is_ok() { "passed" } else { "failed" };
+        crate::report::test_duration(test, started.elapsed(), outcome);
+        verdict.map_err(|why| {
+            anyhow::anyhow!(
+                "{test} failed inside the cluster's network namespace: {why}; its output is above"
+            )
+        })
     }
 
     /// True in the re-executed child (inside the namespace).
@@ -136,9 +174,76 @@ impl RealPods {
     }
 }
 
+/// The name libtest runs the calling test under: the name of its thread (a `#[tokio::test]`
+/// body runs on the test's own thread).
+fn current_test() -> anyhow::Result<String> {
+    match std::thread::current().name() {
+        Some(name) if name != "main" => Ok(name.to_owned()),
+        other => bail!("a real-pods test must be called on libtest's thread for it (thread {other:?})"),
+    }
+}
+
+/// Whether a test binary's stdout says exactly one test ran and it passed.
+fn one_test_passed(stdout: &str) -> Result<(), String> {
+    let ran = stdout.lines().find_map(|l| l.strip_prefix("running ")).map(|rest| rest.trim());
+    if ran != Some("1 test") {
+        return Err(format!(
+            "the child should run exactly one test, it said \"running {}\"",
+            ran.unwrap_or("?")
+        ));
+    }
+    let result = stdout.lines().find_map(|l| l.strip_prefix("test result: ")).unwrap_or("");
+    if result.starts_with("ok. 1 passed; 0 failed;") {
+        Ok(())
+    } else {
+        Err(format!("its result: \"{result}\""))
+    }
+}
+
+/// A pod of `image` that runs nothing but waits, as the service user `uid`, with `env` (a list
+/// of container env entries): the client a test execs its `psql`, `redis-cli` or `curl` in,
+/// inside the cluster. It stops at once when deleted.
+pub fn client_pod(name: &str, image: &str, uid: u32, env: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name },
+        "spec": {
+            "securityContext": { "runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": true },
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "client", "image": image, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
+                "env": env,
+            }],
+        }
+    })
+}
+
 /// The built kubectl for the real cluster; only meaningful inside the namespace.
 pub fn kubectl(kubeconfig: &Path) -> Command {
     let mut cmd = Command::new(crate::kubectl_binary());
     cmd.arg("--kubeconfig").arg(kubeconfig);
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_test_passed;
+
+    #[test]
+    fn a_child_that_ran_no_test_or_failed_is_no_pass() {
+        let ok = "\nrunning 1 test\ntest a::b ... ok\n\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 9 filtered out; finished in 1.00s\n";
+        assert_eq!(one_test_passed(ok), Ok(()));
+        let none = "\nrunning 0 tests\n\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 10 filtered out; finished in 0.00s\n";
+        assert!(one_test_passed(none).is_err_and(|e| e.contains("running 0 tests")));
+        let failed =
+            "running 1 test\ntest a::b ... FAILED\ntest result: FAILED. 0 passed; 1 failed; 0 ignored\n";
+        assert!(one_test_passed(failed).is_err_and(|e| e.contains("FAILED")));
+        assert!(one_test_passed("").is_err());
+    }
+
+    #[test]
+    fn the_test_name_is_the_threads() {
+        assert_eq!(super::current_test().ok().as_deref(), Some("real::tests::the_test_name_is_the_threads"));
+    }
 }

@@ -3,7 +3,7 @@
 //! after the resource). The second is refused with NameConflict and never writes; deleting it
 //! with `retentionPolicy: Delete` deletes nothing of the PostgreSQL cluster.
 //!
-//! Run: `scripts/build-plugins && cargo test -p stateward --test live -- name_conflict::` (local cluster up).
+//! Run: `scripts/build-plugins && cargo test -p stateward --test kwok -- name_conflict::` (local cluster up).
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use crate::e2e;

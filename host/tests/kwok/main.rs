@@ -4,7 +4,7 @@
 //! a module per concern, so the suite compiles and links the shared helpers (e2e) once.
 //! Tests that change what every other test shares are in `cluster_wide`.
 //!
-//! Run: `scripts/build-plugins && cargo test -p stateward --test live` (a module alone:
+//! Run: `scripts/build-plugins && cargo test -p stateward --test kwok` (a module alone:
 //! `-- e2e_controller::`).
 
 #[path = "../e2e/mod.rs"]

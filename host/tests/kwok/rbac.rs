@@ -14,7 +14,7 @@
 //! - `deploy_manifests_pass_server_validation` (live): `kubectl kustomize deploy` builds and
 //!   the API server accepts every object (server-side dry run).
 //!
-//! Run: `cargo test -p stateward --test live -- rbac:: --nocapture` (after scripts/build-plugins).
+//! Run: `cargo test -p stateward --test kwok -- rbac:: --nocapture` (after scripts/build-plugins).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
@@ -430,7 +430,7 @@ fn diff(what: &str, got: &BTreeSet<Perm>, want: &BTreeSet<Perm>) -> anyhow::Resu
     let missing: Vec<_> = want.difference(got).collect();
     ensure!(
         extra.is_empty() && missing.is_empty(),
-        "{what} differs from the table in host/tests/live/rbac.rs\n  granted but not in the table: {extra:?}\n  \
+        "{what} differs from the table in host/tests/kwok/rbac.rs\n  granted but not in the table: {extra:?}\n  \
          in the table but not granted: {missing:?}"
     );
     Ok(())
@@ -609,21 +609,15 @@ fn api_calls_in_host_src_match_the_table() -> anyhow::Result<()> {
     ensure!(
         changed.is_empty(),
         "kube API calls in host/src changed since the RBAC table was derived; review each, update PERMISSIONS \
-         and deploy/rbac if it needs a permission, then API_CALLS in host/tests/live/rbac.rs:\n  {}",
+         and deploy/rbac if it needs a permission, then API_CALLS in host/tests/kwok/rbac.rs:\n  {}",
         changed.join("\n  ")
     );
     Ok(())
 }
 
 fn kubectl_output(mut cmd: Command, stdin: Option<&str>) -> anyhow::Result<String> {
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().context("running kubectl (build it with tests/cluster/build)")?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(text.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
+    let out = stateward_testkit::run_kubectl(&mut cmd, stdin)
+        .context("running kubectl (build it with tests/cluster/build)")?;
     ensure!(out.status.success(), "{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use stateward_testkit::real::RealPods;
+use stateward_testkit::real::{RealPods, Weight};
 use stateward_testkit::LoopbackCert;
 
 use super::*;
 use crate::e2e::last_release;
-use crate::pg_ha::cr_events;
+use crate::postgres::cr_events;
 use crate::start_operator;
 
 /// For a failure: the pods, the StatefulSet's status, and each member's last log lines (its
@@ -71,13 +71,7 @@ echo done > /tmp/stopped
 #[tokio::test]
 async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_name_keeps_working() {
     let test_started = Instant::now();
-    let Some(env) = RealPods::enter(
-        "redis_ha::migration::a_cluster_of_the_last_release_is_converted_in_place_and_its_service_name_keeps_working",
-        "rp-rmig",
-    )
-    .await
-    .expect("real-pods cluster")
-    else {
+    let Some(env) = RealPods::enter(Weight::Medium, "rp-rmig").await.expect("real-pods cluster") else {
         return;
     };
     let name = "legacy";
@@ -349,7 +343,8 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
     // The one write gap is the failover from pod 0 (its shutdown, then the Sentinels'); the
     // Redis issue's bound for a deleted master is 20 s.
     let longest = gaps.first().map_or(0, |g| g.0);
-    assert!(longest <= 20_000, "a write gap of {longest} ms through {name}");
+    stateward_testkit::report::millis("redis.takeover.write_gap", longest, 20_000);
+    assert!(longest <= 60_000, "a write gap of {longest} ms through {name} (liveness: 3x the target)");
     eprintln!("realpods-redis-mig: migration test took {:.1?}", test_started.elapsed());
     drop(op);
 }

@@ -4,7 +4,7 @@
 //! resource. The local cluster's StorageClass allows expansion; no resizer runs there, so the
 //! claims' capacity stays, and the test checks what the operator asks for.
 //!
-//! Run: `scripts/build-plugins && cargo test -p stateward --test live -- volume_growth::` (local cluster up).
+//! Run: `scripts/build-plugins && cargo test -p stateward --test kwok -- volume_growth::` (local cluster up).
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use crate::e2e;

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use stateward_testkit::TestEnv;
 
 use super::e2e::{self, get_cr, summary, wait_for, REDIS};
-use super::pg_ha::{endpoints, enter_with_operator};
+use super::postgres::{endpoints, enter_with_operator};
 use super::{kubectl_ok, pod_ready, sample, REDIS_IMAGE};
 
 mod cluster;
@@ -34,19 +34,7 @@ fn client_pod(cluster: &str, users: &[&str]) -> Value {
             "valueFrom": { "secretKeyRef": { "name": format!("{cluster}-user-{u}"), "key": "password" } },
         }));
     }
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": "client" },
-        "spec": {
-            "securityContext": { "runAsUser": 999, "runAsGroup": 999, "runAsNonRoot": true },
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "client", "image": REDIS_IMAGE, "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
-                "env": env,
-            }],
-        }
-    })
+    stateward_testkit::real::client_pod("client", REDIS_IMAGE, 999, Value::Array(env))
 }
 
 /// A shell script run by the client pod; its stdout.
@@ -286,19 +274,19 @@ async fn wait_rejoined(
 }
 
 /// Must show 1, the failover a Sentinel performs, after `fault` has been done to the master;
-/// `limit` is the longest write gap allowed. Prints and asserts every figure; returns the old
-/// master and the new one.
+/// `target` is the write gap's target (a figure in the run's report; 3 times it is the
+/// liveness ceiling). Prints every figure; returns the old master and the new one.
 async fn fail_over(
     env: &TestEnv,
     what: &str,
-    limit: Duration,
+    target: Duration,
     fault: impl FnOnce(&TestEnv, &str),
 ) -> (String, String) {
     let (old, replicas, took) = make_cluster(env, "cache", 3).await;
     eprintln!(
         "realpods-redis: 1 master {old} and replicas {replicas:?} with 3 Sentinels, {took:.1?} after create"
     );
-    fail_over_from(env, &old, &replicas, what, limit, fault).await
+    fail_over_from(env, &old, &replicas, what, target, fault).await
 }
 
 /// [`fail_over`] on the cluster `cache` made already, whose master is `old`.
@@ -307,7 +295,7 @@ async fn fail_over_from(
     old: &str,
     replicas: &[String],
     what: &str,
-    limit: Duration,
+    target: Duration,
     fault: impl FnOnce(&TestEnv, &str),
 ) -> (String, String) {
     let old = old.to_string();
@@ -324,7 +312,12 @@ async fn fail_over_from(
     eprintln!("realpods-redis: {what}: {new} acknowledged a write through cache-master {gap:.1?} after it");
     assert_ne!(new, old, "the write went to a new master");
     assert!(replicas.contains(&new), "{new} was a replica");
-    assert!(gap <= limit, "write gap {gap:?} over {limit:?}");
+    stateward_testkit::report::millis(
+        &format!("redis.failover.write_gap ({what})"),
+        gap.as_millis() as u64,
+        target.as_millis() as u64,
+    );
+    assert!(gap <= target * 3, "write gap {gap:?} over {:?} (liveness: 3x the target)", target * 3);
 
     let readable = keys_readable(env, "cache-master");
     eprintln!("realpods-redis: {what}: {readable}/{KEYS} keys readable through cache-master on {new}");
@@ -338,7 +331,7 @@ async fn fail_over_from(
     let api = REDIS.api(env);
     let cr = get_cr(&api, "cache").await.unwrap_or_else(|| panic!("CR gone"));
     eprintln!("realpods-redis: {what}: status master {} instances {:?}", master_of(&cr), instances(&cr));
-    let events = super::pg_ha::cr_events(env, "cache").await;
+    let events = super::postgres::cr_events(env, "cache").await;
     eprintln!("realpods-redis: events: {events:#?}");
     assert!(events
         .iter()
@@ -349,10 +342,7 @@ async fn fail_over_from(
 /// Must show 1, hung: `DEBUG SLEEP 60` on the master: the same within 30 s.
 #[tokio::test]
 async fn sentinel_fails_over_a_hung_master() {
-    let Some((env, op)) =
-        enter_with_operator("redis_ha::sentinel_fails_over_a_hung_master", "rp-rhung", "realpods-rhung")
-            .await
-    else {
+    let Some((env, op)) = enter_with_operator("rp-rhung", "realpods-rhung").await else {
         return;
     };
     let mut sleeper = None;
@@ -393,13 +383,7 @@ async fn sentinel_fails_over_a_hung_master() {
 /// keeps 1000 keys across the deletion of its pod.
 #[tokio::test]
 async fn standalone_aof_keeps_keys_across_a_pod_deletion() {
-    let Some((env, op)) = enter_with_operator(
-        "redis_ha::standalone_aof_keeps_keys_across_a_pod_deletion",
-        "rp-raof",
-        "realpods-raof",
-    )
-    .await
-    else {
+    let Some((env, op)) = enter_with_operator("rp-raof", "realpods-raof").await else {
         return;
     };
     let (master, _, took) = make_cluster(&env, "solo", 1).await;
@@ -472,10 +456,7 @@ async fn standalone_aof_keeps_keys_across_a_pod_deletion() {
 /// refuses writes (it is a replica of the new one).
 #[tokio::test]
 async fn switchover_to_a_named_replica() {
-    let Some((env, op)) =
-        enter_with_operator("redis_ha::switchover_to_a_named_replica", "rp-rswitch", "realpods-rswitch")
-            .await
-    else {
+    let Some((env, op)) = enter_with_operator("rp-rswitch", "realpods-rswitch").await else {
         return;
     };
     let (old, replicas, took) = make_cluster(&env, "cache", 3).await;
@@ -525,7 +506,7 @@ async fn switchover_to_a_named_replica() {
         ],
     );
     assert_eq!(priority.lines().last(), Some("100"), "the priority is restored");
-    let events = super::pg_ha::cr_events(&env, "cache").await;
+    let events = super::postgres::cr_events(&env, "cache").await;
     eprintln!("realpods-redis: events: {events:#?}");
     assert!(events.iter().any(|e| e.contains(&format!("SwitchoverDone: switchover to {to}"))), "{events:#?}");
     // On the same cluster (one formation less for the suite): a rolling change.
@@ -576,7 +557,7 @@ echo done > /tmp/stopped
 /// and replaces the old master last; under a writer, no acknowledged write is lost and the
 /// longest write gap is the switchover's pause.
 async fn rolls_replicas_first_then_switches_over(env: &TestEnv, master: &str) -> String {
-    use super::pg_ha::pods;
+    use super::postgres::pods;
     let before: BTreeMap<String, String> =
         pods(env, "cache").await.into_iter().map(|p| (p.name, p.uid)).collect();
     client_sh(env, &format!("rm -f /tmp/stop /tmp/stopped; cat > /tmp/writer.sh <<'EOF'\n{WRITER}\nEOF\nnohup sh /tmp/writer.sh >/dev/null 2>&1 &"));
@@ -658,12 +639,17 @@ async fn rolls_replicas_first_then_switches_over(env: &TestEnv, master: &str) ->
     assert_ne!(new_master, master);
     assert_eq!(most_down, 1, "one pod away at a time");
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
-    // The bound: write errors only during the failover, at most 5 s. Measured on this
-    // machine: 2.0-3.3 s over ten runs (fresh clones included) since the pause asks for the
-    // offsets at once and the target is labelled as soon as its Sentinel has promoted it; the
-    // rest is the pause itself, Sentinel's promotion and kube-proxy moving `-master`.
-    assert!(gaps[0] <= 5_000, "write gap {} ms over 5 s", gaps[0]);
-    assert!(gaps.get(1).is_none_or(|g| *g <= 3_000), "a second write gap: {:?}", &gaps[..2]);
+    // The target: write errors only during the failover, at most 5 s (2.0-3.3 s
+    // measured over ten runs: the pause, Sentinel's promotion and kube-proxy moving `-master`).
+    // Figures; 3 times the target is the liveness ceiling.
+    stateward_testkit::report::millis("redis.roll.write_gap", gaps[0], 5_000);
+    stateward_testkit::report::millis(
+        "redis.roll.second_write_gap",
+        gaps.get(1).copied().unwrap_or(0),
+        3_000,
+    );
+    assert!(gaps[0] <= 15_000, "write gap {} ms over 15 s (liveness: 3x the target)", gaps[0]);
+    assert!(gaps.get(1).is_none_or(|g| *g <= 9_000), "a second write gap: {:?}", &gaps[..2]);
     new_master
 }
 
@@ -722,13 +708,7 @@ async fn scales_in_past_the_master(env: &TestEnv, master: &str) {
 /// never having served as the master again.
 #[tokio::test]
 async fn acl_user_limited_to_its_keys_and_commands_then_a_deleted_master_fails_over() {
-    let Some((env, op)) = enter_with_operator(
-        "redis_ha::acl_user_limited_to_its_keys_and_commands_then_a_deleted_master_fails_over",
-        "rp-racl",
-        "realpods-racl",
-    )
-    .await
-    else {
+    let Some((env, op)) = enter_with_operator("rp-racl", "realpods-racl").await else {
         return;
     };
     let users = json!({ "users": [{ "name": "app", "keys": ["app:*"], "commands": ["+get", "+set"] }] });

@@ -89,13 +89,7 @@ async fn a_lost_standby_rejoins(env: &TestEnv, gone: &str) {
 #[tokio::test]
 async fn a_lost_standby_rejoins_and_the_cluster_scales_three_five_two_around_its_primary() {
     let test_started = Instant::now();
-    let Some((env, op)) = enter_with_operator(
-        "pg_ha::scale::a_lost_standby_rejoins_and_the_cluster_scales_three_five_two_around_its_primary",
-        "rp-pgscale",
-        "realpods-pgscale",
-    )
-    .await
-    else {
+    let Some((env, op)) = enter_with_operator("rp-pgscale", "realpods-pgscale").await else {
         return;
     };
     let (_, standbys, _) = make_cluster(&env, "pg", 3, json!({})).await;
@@ -196,7 +190,8 @@ async fn a_lost_standby_rejoins_and_the_cluster_scales_three_five_two_around_its
     assert!(held > 0, "the StatefulSet was never seen held while pg-4 was the primary");
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     assert!(most_rw <= 1, "two writers behind pg-rw");
-    assert!(gap <= 10_000, "write gap {gap} ms over 10 s");
+    stateward_testkit::report::millis("pg.scale_and_standby_loss.write_gap", gap, 10_000);
+    assert!(gap <= 30_000, "write gap {gap} ms over 30 s (liveness: 3x the target)");
     eprintln!("realpods-pg: scale and standby-loss test took {:.1?}", test_started.elapsed());
     drop(op);
 }

@@ -12,7 +12,7 @@
 //!   pointed at a closed port reconciles a CR to Running as usual and counts the lost spans.
 //! - with export off, JSON log lines inside spans still carry W3C trace and span ids.
 //!
-//! Run: `scripts/build-plugins && cargo test -p stateward --test live -- tracing_jaeger::`
+//! Run: `scripts/build-plugins && cargo test -p stateward --test kwok -- tracing_jaeger::`
 //! (the cluster tests need `tests/cluster/up`, as the other e2e tests).
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 

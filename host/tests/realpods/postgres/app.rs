@@ -61,13 +61,7 @@ async fn wait_app_ready(env: &TestEnv, name: &str, timeout: Duration) -> Value {
 /// (the old one stops working), and a database dropped by hand is made again.
 #[tokio::test]
 async fn the_app_secret_connects_over_tls_only_and_replication_is_for_members_only() {
-    let Some((env, op)) = enter_with_operator(
-        "pg_ha::app::the_app_secret_connects_over_tls_only_and_replication_is_for_members_only",
-        "rp-pgapp",
-        "realpods-pgapp",
-    )
-    .await
-    else {
+    let Some((env, op)) = enter_with_operator("rp-pgapp", "realpods-pgapp").await else {
         return;
     };
     let spec = json!({

@@ -8,7 +8,7 @@
 //! conversion changes cluster-wide objects and runs alone in the `cluster_wide` test binary
 //! (webhook_conversion.rs).
 //!
-//! Run: `cargo test -p stateward --test live -- webhooks:: --nocapture` (after scripts/build-plugins).
+//! Run: `cargo test -p stateward --test kwok -- webhooks:: --nocapture` (after scripts/build-plugins).
 #![allow(clippy::expect_used)]
 
 use crate::e2e;
@@ -182,7 +182,7 @@ async fn plugin_validation_errors_reach_kubectl_with_the_field_path() -> anyhow:
     ensure!(!out.status.success(), "major upgrade accepted");
     ensure!(err.contains("spec.version: major upgrade from 17.2 to 18.1"), "no field path in: {err}");
     // A name another kind already has is refused when created, naming the field (the
-    // controller would refuse it anyway; tests/live/name_conflict.rs).
+    // controller would refuse it anyway; tests/kwok/name_conflict.rs).
     let out = e2e::kubectl_stdin(
         &env,
         &["apply", "-n", &env.namespace, "-f", "-"],

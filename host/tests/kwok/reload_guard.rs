@@ -22,10 +22,7 @@ fn as_operator(env: &TestEnv, args: &[&str], stdin: Option<&str>) -> Output {
     let user = format!("--as=system:serviceaccount:{}:stateward", env.namespace);
     let mut all = vec![user.as_str(), "-n", &env.namespace];
     all.extend_from_slice(args);
-    match stdin {
-        Some(input) => kubectl_stdin(env, &all, input),
-        None => env.kubectl().args(&all).output().unwrap(),
-    }
+    env.kubectl_output(&all, stdin).unwrap()
 }
 
 fn configmap(name: &str, labels: serde_json::Value) -> String {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use kube::Api;
 use serde_json::{json, Value};
-use stateward_testkit::real::RealPods;
+use stateward_testkit::real::{RealPods, Weight};
 use stateward_testkit::TestEnv;
 
 use super::e2e::{self, get_cr, summary, wait_for, POSTGRES};
@@ -19,15 +19,11 @@ mod rolling;
 mod scale;
 use super::{kubectl_ok, pod_ready, sample, start_operator, PG_IMAGE};
 
-/// Enters the real-pods cluster for `test` (see [`RealPods::enter`]: None in the test's own
-/// process, which re-runs it inside the cluster's network namespace) and starts the operator
-/// `operator` there.
-pub(super) async fn enter_with_operator(
-    test: &str,
-    prefix: &str,
-    operator: &str,
-) -> Option<(TestEnv, e2e::Operator)> {
-    let env = RealPods::enter(test, prefix).await.expect("real-pods cluster")?;
+/// Enters the real-pods cluster for the calling test (see [`RealPods::enter`]: None in the
+/// test's own process, which re-runs it inside the cluster's network namespace) and starts the
+/// operator `operator` there.
+pub(super) async fn enter_with_operator(prefix: &str, operator: &str) -> Option<(TestEnv, e2e::Operator)> {
+    let env = RealPods::enter(Weight::Medium, prefix).await.expect("real-pods cluster")?;
     let mut op = start_operator(&env, operator);
     op.wait_ready(Duration::from_secs(60)).await;
     Some((env, op))
@@ -62,25 +58,14 @@ pub(super) async fn cr_events(env: &TestEnv, name: &str) -> Vec<String> {
 /// A client pod of the PostgreSQL image: `psql` reaches the cluster's Services as the
 /// superuser (its password from the credentials Secret), without TLS (quicker connections).
 fn client_pod(cluster: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": "client" },
-        "spec": {
-            "securityContext": { "runAsUser": 999, "runAsGroup": 999, "runAsNonRoot": true },
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "client", "image": PG_IMAGE, "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
-                "env": [
-                    { "name": "PGUSER", "value": "postgres" },
-                    { "name": "PGDATABASE", "value": "postgres" },
-                    { "name": "PGSSLMODE", "value": "disable" },
-                    { "name": "PGCONNECT_TIMEOUT", "value": "2" },
-                    { "name": "PGPASSWORD", "valueFrom": { "secretKeyRef": { "name": format!("{cluster}-credentials"), "key": "password" } } },
-                ],
-            }],
-        }
-    })
+    let env = json!([
+        { "name": "PGUSER", "value": "postgres" },
+        { "name": "PGDATABASE", "value": "postgres" },
+        { "name": "PGSSLMODE", "value": "disable" },
+        { "name": "PGCONNECT_TIMEOUT", "value": "2" },
+        { "name": "PGPASSWORD", "valueFrom": { "secretKeyRef": { "name": format!("{cluster}-credentials"), "key": "password" } } },
+    ]);
+    stateward_testkit::real::client_pod("client", PG_IMAGE, 999, env)
 }
 
 /// `psql -XAt -c sql` in `pod` (over its socket, as the server's user).
@@ -249,14 +234,12 @@ async fn make_cluster(
 /// `-rw`'s the primary.
 #[tokio::test]
 async fn three_instances_stream_from_one_primary() {
-    let Some((env, op)) =
-        enter_with_operator("pg_ha::three_instances_stream_from_one_primary", "rp-pgha", "realpods-pgha")
-            .await
-    else {
+    let Some((env, op)) = enter_with_operator("rp-pgha", "realpods-pgha").await else {
         return;
     };
     let (primary, standbys, took) = make_cluster(&env, "pg", 3, json!({})).await;
     eprintln!("realpods-pg: 3 instances replicating {took:.1?} after create: primary {primary}, standbys {standbys:?}");
+    stateward_testkit::report::seconds("pg.three_instances.replicating_after_create", took, None);
     // Pod 0 made the cluster (initdb); the host's certificate, issued meanwhile, rolls the pods,
     // so another instance may be the primary by now (a clean failover: nothing lost).
     let events = cr_events(&env, "pg").await;
@@ -312,7 +295,9 @@ async fn three_instances_stream_from_one_primary() {
         "realpods-pg: a row committed through pg-rw was visible through pg-ro {read_ms} ms later (that reader in recovery: {})",
         fields[1]
     );
-    assert!(read_ms <= 1000, "read through -ro {read_ms} ms after the write");
+    // A figure, 1 s its target; the ceiling only says the row did reach the standby.
+    stateward_testkit::report::millis("pg.read_through_ro_after_write", read_ms.max(0) as u64, 1_000);
+    assert!(read_ms <= 10_000, "read through -ro {read_ms} ms after the write");
     assert_eq!(fields[1], "t", "-ro answered from a standby");
     drop(op);
 }
@@ -437,7 +422,9 @@ async fn fail_over_under_writes(env: &TestEnv, old: &str, replication: &str) -> 
         lost.len(),
         &lost[..lost.len().min(20)],
     );
-    assert!(gap <= 15_000, "write gap {gap} ms over 15 s");
+    stateward_testkit::report::millis("pg.failover.write_gap", gap, 15_000);
+    // Liveness: a failover that never comes fails; a slow one is in the report.
+    assert!(gap <= 45_000, "write gap {gap} ms over 45 s");
     Failover { new, deleted, lost }
 }
 
@@ -448,13 +435,7 @@ async fn fail_over_under_writes(env: &TestEnv, old: &str, replication: &str) -> 
 /// after `pg_rewind` (its start log says so).
 #[tokio::test]
 async fn failover_under_write_load_and_the_old_primary_rejoins() {
-    let Some((env, op)) = enter_with_operator(
-        "pg_ha::failover_under_write_load_and_the_old_primary_rejoins",
-        "rp-pgfo",
-        "realpods-pgfo",
-    )
-    .await
-    else {
+    let Some((env, op)) = enter_with_operator("rp-pgfo", "realpods-pgfo").await else {
         return;
     };
     let (old, _, _) = make_cluster(&env, "pg", 3, json!({})).await;
@@ -480,6 +461,7 @@ async fn failover_under_write_load_and_the_old_primary_rejoins() {
     );
     let rewind: Vec<&str> = startlog.lines().filter(|l| l.contains("pg_rewind")).collect();
     assert!(!rewind.is_empty(), "no pg_rewind in {old}'s start log:\n{startlog}");
+    stateward_testkit::report::seconds("pg.failover.old_primary_back_as_standby", back, None);
     eprintln!(
         "realpods-pg: {old} back as a streaming standby on timeline {new_timeline} {back:.1?} after the delete; its start log:\n  {}",
         rewind.join("\n  ")
@@ -496,13 +478,7 @@ async fn failover_under_write_load_and_the_old_primary_rejoins() {
 /// container stopped, then continued) does not fail over.
 #[tokio::test]
 async fn a_three_second_stall_of_the_primary_does_not_fail_over() {
-    let Some((env, op)) = enter_with_operator(
-        "pg_ha::a_three_second_stall_of_the_primary_does_not_fail_over",
-        "rp-pgblip",
-        "realpods-pgblip",
-    )
-    .await
-    else {
+    let Some((env, op)) = enter_with_operator("rp-pgblip", "realpods-pgblip").await else {
         return;
     };
     let (primary, _, _) = make_cluster(&env, "pg", 3, json!({})).await;
@@ -540,7 +516,9 @@ async fn a_three_second_stall_of_the_primary_does_not_fail_over() {
     assert_eq!(current_primary(&cr), primary, "no failover: {}", summary(&cr));
     assert_eq!(cr.pointer("/status/promotions").cloned(), promotions);
     assert_eq!(events.iter().filter(|e| e.contains("FailingOver")).count(), failovers_before, "{events:#?}");
-    assert!(gap < 5_000, "the writer waited out the stall only: {gap} ms");
+    // No failover is asserted above (same primary, promotions, no FailingOver): the gap is the
+    // stall's, a figure.
+    stateward_testkit::report::millis("pg.stall_3s.write_gap", gap, 5_000);
     assert!(lost(&env, &acks).is_empty());
     drop(op);
 }
@@ -559,10 +537,7 @@ fn switchover_status(cr: &Value) -> (String, String, String) {
 /// (its WAL receiver stopped) is refused with the lag in status.
 #[tokio::test]
 async fn switchover_under_write_load_loses_nothing() {
-    let Some((env, op)) =
-        enter_with_operator("pg_ha::switchover_under_write_load_loses_nothing", "rp-pgso", "realpods-pgso")
-            .await
-    else {
+    let Some((env, op)) = enter_with_operator("rp-pgso", "realpods-pgso").await else {
         return;
     };
     let (old, standbys, _) = make_cluster(&env, "pg", 3, json!({})).await;
@@ -608,7 +583,8 @@ async fn switchover_under_write_load_loses_nothing() {
     // The target. `-rw` moves to the target in the plan that promotes it (1.3 s
     // measured beside other live tests, printed above; 3.6 to 7.3 s when it moved only after
     // the promotion's answer).
-    assert!(gap <= 5_000, "write gap {gap} ms over 5 s");
+    stateward_testkit::report::millis("pg.switchover.write_gap", gap, 5_000);
+    assert!(gap <= 15_000, "write gap {gap} ms over 15 s (liveness: 3x the target)");
 
     // A switchover to an instance that does not exist is refused, with the reason.
     kubectl_ok(
@@ -715,13 +691,7 @@ async fn switchover_under_write_load_loses_nothing() {
 #[tokio::test]
 async fn synchronous_failover_under_write_load_loses_no_acknowledged_write() {
     let started = Instant::now();
-    let Some((env, op)) = enter_with_operator(
-        "pg_ha::synchronous_failover_under_write_load_loses_no_acknowledged_write",
-        "rp-pgsync",
-        "realpods-pgsync",
-    )
-    .await
-    else {
+    let Some((env, op)) = enter_with_operator("rp-pgsync", "realpods-pgsync").await else {
         return;
     };
     let sync = json!({ "postgresql": { "synchronous": { "method": "any", "number": 1 } } });

@@ -11,7 +11,7 @@ use super::*;
 #[tokio::test]
 async fn a_restart_requiring_change_rolls_standbys_first_then_switches_over_then_the_old_primary() {
     let test_started = Instant::now();
-    let Some((env, op)) = enter_with_operator("pg_ha::rolling::a_restart_requiring_change_rolls_standbys_first_then_switches_over_then_the_old_primary", "rp-pgroll", "realpods-pgroll").await else {
+    let Some((env, op)) = enter_with_operator("rp-pgroll", "realpods-pgroll").await else {
         return;
     };
     let (old_primary, _, _) = make_cluster(&env, "pg", 3, json!({})).await;
@@ -97,8 +97,10 @@ async fn a_restart_requiring_change_rolls_standbys_first_then_switches_over_then
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     // The one gap is the switchover's, within the 5 s (as in the switchover test); no
     // other restart stops the writer for long.
-    assert!(gaps[0] <= 5_000, "write gap {} ms over 5 s", gaps[0]);
-    assert!(gaps.get(1).is_none_or(|g| *g <= 3_000), "a second write gap: {:?}", &gaps[..2]);
+    stateward_testkit::report::millis("pg.roll.write_gap", gaps[0], 5_000);
+    stateward_testkit::report::millis("pg.roll.second_write_gap", gaps.get(1).copied().unwrap_or(0), 3_000);
+    assert!(gaps[0] <= 15_000, "write gap {} ms over 15 s (liveness: 3x the target)", gaps[0]);
+    assert!(gaps.get(1).is_none_or(|g| *g <= 9_000), "a second write gap: {:?}", &gaps[..2]);
     eprintln!("realpods-pg: rolling test took {:.1?}", test_started.elapsed());
     drop(op);
 }

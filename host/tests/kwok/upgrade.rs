@@ -5,7 +5,7 @@
 //! and made again, no StatefulSet recreated, which would orphan nothing but restart every pod
 //! at once), every claim is kept, and the Services its clients used keep their names, now
 //! selecting by role. What the servers do on such a takeover is shown on real pods
-//! (`pg_ha::migration`, `redis_ha::migration`).
+//! (`realpods` `postgres::migration`, `redis::migration`).
 #![allow(clippy::expect_used, clippy::panic)]
 
 use crate::e2e;

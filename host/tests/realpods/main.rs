@@ -2,25 +2,23 @@
 //! the operator's behaviour that only a kubelet shows. One cluster is shared by every test of
 //! the run (a namespace each); each test body runs inside the cluster's network namespace
 //! (`RealPods::enter` re-executes this binary there), the only place pod and Service addresses
-//! may be reached.
+//! may be reached. One module per service (`postgres/`, `redis/`, `elasticsearch.rs`) and per
+//! concern of the operator's own (`in_cluster`, `lifecycle`, `requests`, `least_privilege`).
 //!
 //! `cargo test -p stateward --test realpods -- --nocapture` prints what each test measured.
 
 #![allow(clippy::panic, clippy::expect_used)]
 
+#[path = "../e2e/mod.rs"]
 mod e2e;
-#[path = "realpods/elasticsearch.rs"]
 mod elasticsearch;
-#[path = "realpods/in_cluster.rs"]
 mod in_cluster;
-#[path = "realpods/least_privilege.rs"]
 mod least_privilege;
-#[path = "realpods/lifecycle.rs"]
 mod lifecycle;
-mod pg_ha;
-mod redis_ha;
-#[path = "realpods/requests.rs"]
+mod postgres;
+mod redis;
 mod requests;
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::process::{Command, Output};
@@ -31,7 +29,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::core::DynamicObject;
 use kube::Api;
 use serde_json::{json, Value};
-use stateward_testkit::real::RealPods;
+use stateward_testkit::real::{client_pod, RealPods, Weight};
 use stateward_testkit::TestEnv;
 
 /// The images `tests/cluster/images` builds and `up --real` imports.
@@ -39,8 +37,9 @@ const PG_IMAGE: &str = "localhost/stateward/postgres:15";
 const REDIS_IMAGE: &str = "localhost/stateward/redis:7.0";
 const OPENSEARCH_IMAGE: &str = "localhost/stateward/opensearch:2.19";
 
+/// kubectl in the test's namespace.
 fn kubectl_in(env: &TestEnv, args: &[&str]) -> Output {
-    env.kubectl().arg("-n").arg(&env.namespace).args(args).output().expect("run kubectl")
+    env.kubectl_output(&[&["-n", env.namespace.as_str()], args].concat(), None).expect("run kubectl")
 }
 
 fn kubectl_ok(env: &TestEnv, args: &[&str]) -> String {
@@ -115,27 +114,13 @@ fn pg_server_objects(name: &str) -> Vec<Value> {
             "metadata": { "name": name },
             "spec": { "selector": { "app": name }, "ports": [{ "port": 5432, "targetPort": "postgres" }] }
         }),
-        json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": { "name": format!("{name}-client") },
-            "spec": {
-                "securityContext": { "runAsUser": 999, "runAsGroup": 999, "runAsNonRoot": true },
-                "containers": [{
-                    "name": "client", "image": PG_IMAGE, "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
-                }],
-                "terminationGracePeriodSeconds": 1,
-            }
-        }),
+        client_pod(&format!("{name}-client"), PG_IMAGE, 999, json!([])),
     ]
 }
 
 #[tokio::test]
 async fn postgres_pod_answers_through_its_service_dns_name() {
-    let Some(env) = RealPods::enter("postgres_pod_answers_through_its_service_dns_name", "rp-pg")
-        .await
-        .expect("real-pods cluster")
-    else {
+    let Some(env) = RealPods::enter(Weight::Light, "rp-pg").await.expect("real-pods cluster") else {
         return;
     };
     let started = Instant::now();
@@ -174,9 +159,7 @@ async fn postgres_pod_answers_through_its_service_dns_name() {
 
 #[tokio::test]
 async fn statefulset_data_survives_pod_deletion() {
-    let Some(env) =
-        RealPods::enter("statefulset_data_survives_pod_deletion", "rp-sts").await.expect("real-pods cluster")
-    else {
+    let Some(env) = RealPods::enter(Weight::Light, "rp-sts").await.expect("real-pods cluster") else {
         return;
     };
     apply_json(
@@ -288,28 +271,13 @@ fn opensearch_objects(name: &str) -> Vec<Value> {
             "metadata": { "name": name },
             "spec": { "selector": { "app": name }, "ports": [{ "name": "http", "port": 9200, "targetPort": "http" }] }
         }),
-        json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": { "name": format!("{name}-client") },
-            "spec": {
-                "securityContext": { "runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": true },
-                "containers": [{
-                    "name": "client", "image": OPENSEARCH_IMAGE, "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
-                }],
-                "terminationGracePeriodSeconds": 1,
-            }
-        }),
+        client_pod(&format!("{name}-client"), OPENSEARCH_IMAGE, 1000, json!([])),
     ]
 }
 
 #[tokio::test]
 async fn opensearch_pod_is_green_and_serves_a_document_through_its_service() {
-    let Some(env) =
-        RealPods::enter("opensearch_pod_is_green_and_serves_a_document_through_its_service", "rp-os")
-            .await
-            .expect("real-pods cluster")
-    else {
+    let Some(env) = RealPods::enter(Weight::Heavy, "rp-os").await.expect("real-pods cluster") else {
         return;
     };
     apply_json(&env, &opensearch_objects("search"));
@@ -563,10 +531,7 @@ async fn wait_available(env: &TestEnv, kind: e2e::Kind, name: &str, timeout: Dur
 
 #[tokio::test]
 async fn samples_start_real_servers_and_the_cr_follows_the_pods() {
-    let Some(env) = RealPods::enter("samples_start_real_servers_and_the_cr_follows_the_pods", "rp-samples")
-        .await
-        .expect("real-pods cluster")
-    else {
+    let Some(env) = RealPods::enter(Weight::Medium, "rp-samples").await.expect("real-pods cluster") else {
         return;
     };
     // Both contracts side by side: PostgreSQL and Elasticsearch as built (stateward:plugin@0.2.0),
@@ -598,6 +563,16 @@ async fn samples_start_real_servers_and_the_cr_follows_the_pods() {
     }
     eprintln!(
         "realpods: samples Available on real pods after create: PostgreSQL at {pg:.1?}, Redis at {redis:.1?}"
+    );
+    stateward_testkit::report::seconds(
+        "samples.postgres.available_after_create",
+        pg,
+        Some(Duration::from_secs(60)),
+    );
+    stateward_testkit::report::seconds(
+        "samples.redis.available_after_create",
+        redis,
+        Some(Duration::from_secs(60)),
     );
     // The StatefulSet was created with its certificate in place: its pod template never
     // changed, so no pod restarted for the certificate (they used to start on placeholder bytes
@@ -750,10 +725,7 @@ async fn service_health(api: &Api<DynamicObject>, name: &str) -> Result<String, 
 /// from the answers, while every pod stays Ready; both clear when the load goes.
 #[tokio::test]
 async fn health_checks_read_from_the_running_servers() {
-    let Some(env) = RealPods::enter("health_checks_read_from_the_running_servers", "rp-health")
-        .await
-        .expect("real-pods cluster")
-    else {
+    let Some(env) = RealPods::enter(Weight::Medium, "rp-health").await.expect("real-pods cluster") else {
         return;
     };
     let mut op = start_operator(&env, "realpods-health");
@@ -953,10 +925,7 @@ fn hostile_api(env: &TestEnv) -> Api<DynamicObject> {
 /// again (the command ran exactly once), and the plugin learns that the outcome is unknown.
 #[tokio::test]
 async fn a_one_shot_request_is_not_sent_again_by_the_next_leader() {
-    let Some(env) = RealPods::enter("a_one_shot_request_is_not_sent_again_by_the_next_leader", "rp-once")
-        .await
-        .expect("real-pods cluster")
-    else {
+    let Some(env) = RealPods::enter(Weight::Light, "rp-once").await.expect("real-pods cluster") else {
         return;
     };
     // The hostile fixture alone, its CRD installed, allowed to run `sh` in its own pods.
@@ -1049,6 +1018,20 @@ async fn a_one_shot_request_is_not_sent_again_by_the_next_leader() {
         status["requests"]
     );
     drop(second);
+}
+
+/// No silent pass: the harness re-executes each real-pods test by its name inside the
+/// cluster's network namespace, and a name that matches no test runs nothing and exits 0.
+/// That child must fail, not pass.
+#[tokio::test]
+async fn a_test_re_executed_under_a_name_that_matches_nothing_fails() {
+    if RealPods::inside() {
+        return;
+    }
+    let err = RealPods::run_inside("a_test_that_was_renamed_since")
+        .await
+        .expect_err("a child that ran no test passed");
+    assert!(format!("{err:#}").contains("running 0 tests"), "{err:#}");
 }
 
 /// `down --real` leaves nothing: a second, small real-pods cluster of its own (state dir,

@@ -1,7 +1,7 @@
 //! Leader election against the real API server of the local cluster (stateward-testkit):
 //! mutual exclusion, takeover after a crash and after a graceful release, API failures.
 //! Default timings (15 s lease, 10 s deadline, 2 s retry) so the measured takeover times are
-//! the ones production gets. Run: `cargo test -p stateward --test live -- leader:: --nocapture`.
+//! the ones production gets. Run: `cargo test -p stateward --test kwok -- leader:: --nocapture`.
 
 use std::time::Duration;
 
