@@ -273,23 +273,10 @@ async fn wait_rejoined(
     since.elapsed()
 }
 
-/// Must show 1, the failover a Sentinel performs, after `fault` has been done to the master;
-/// `target` is the write gap's target (a figure in the run's report; 3 times it is the
-/// liveness ceiling). Prints every figure; returns the old master and the new one.
-async fn fail_over(
-    env: &TestEnv,
-    what: &str,
-    target: Duration,
-    fault: impl FnOnce(&TestEnv, &str),
-) -> (String, String) {
-    let (old, replicas, took) = make_cluster(env, "cache", 3).await;
-    eprintln!(
-        "realpods-redis: 1 master {old} and replicas {replicas:?} with 3 Sentinels, {took:.1?} after create"
-    );
-    fail_over_from(env, &old, &replicas, what, target, fault).await
-}
-
-/// [`fail_over`] on the cluster `cache` made already, whose master is `old`.
+/// Must show 1, the failover a Sentinel performs, after `fault` has been done to the master
+/// `old` of the cluster `cache` (made already); `target` is the write gap's target (a figure in
+/// the run's report; 3 times it is the liveness ceiling). Prints every figure; returns the old
+/// master and the new one.
 async fn fail_over_from(
     env: &TestEnv,
     old: &str,
@@ -337,46 +324,6 @@ async fn fail_over_from(
         .iter()
         .any(|e| e.contains(&format!("MasterChanged: {new} is the master now, in place of {old}"))));
     (old, new)
-}
-
-/// Must show 1, hung: `DEBUG SLEEP 60` on the master: the same within 30 s.
-#[tokio::test]
-async fn sentinel_fails_over_a_hung_master() {
-    let Some((env, op)) = enter_with_operator("rp-rhung", "realpods-rhung").await else {
-        return;
-    };
-    let mut sleeper = None;
-    fail_over(&env, "master hung (DEBUG SLEEP 60)", Duration::from_secs(30), |env, old| {
-        // In the background: the command returns when the sleep ends.
-        let child = env
-            .kubectl()
-            .args(["-n", &env.namespace, "exec", old, "-c", "redis", "--"])
-            .args(["redis-cli", "-h", "127.0.0.1", "DEBUG", "SLEEP", "60"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("kubectl exec: {e}"));
-        sleeper = Some(child);
-        // The exec takes a moment to reach the server: the fault is done once the master no
-        // longer answers a PING within a second (the write gap is counted from before).
-        let hung = (0..100).any(|_| {
-            let out = client_sh(
-                env,
-                &format!("timeout 1 redis-cli -h {old}.cache-headless PING >/dev/null 2>&1 && echo up || echo hung"),
-            );
-            out.trim() == "hung" || {
-                std::thread::sleep(Duration::from_millis(100));
-                false
-            }
-        });
-        assert!(hung, "{old} still answers after DEBUG SLEEP");
-    })
-    .await;
-    if let Some(mut c) = sleeper {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-    drop(op);
 }
 
 /// Must show 5: a standalone server with the default persistence (AOF, fsync every second)
@@ -705,9 +652,9 @@ async fn scales_in_past_the_master(env: &TestEnv, master: &str) {
 /// `default` user without a password are refused. 1: the master's pod deleted with
 /// `--grace-period=0`: a new master accepts writes through `-master` within 20 s, 1000/1000 keys
 /// readable, `-master` selects the new master only, and the old master rejoins as a replica,
-/// never having served as the master again.
+/// never having served as the master again. Then 1, hung, on the same cluster.
 #[tokio::test]
-async fn acl_user_limited_to_its_keys_and_commands_then_a_deleted_master_fails_over() {
+async fn acl_user_limited_to_its_keys_and_commands_then_a_deleted_and_a_hung_master_fail_over() {
     let Some((env, op)) = enter_with_operator("rp-racl", "realpods-racl").await else {
         return;
     };
@@ -798,5 +745,45 @@ async fn acl_user_limited_to_its_keys_and_commands_then_a_deleted_master_fails_o
             .any(|l| l.contains(&followed) && (l.ends_with("as the master") || l.contains("took over"))),
         "{old} started as a replica of {new}: {start:?}"
     );
+    // Then, on the same cluster (one formation less for the suite): a hung master.
+    let (master, replicas) = wait_replicated(&env, "cache", 3, Duration::from_secs(240)).await;
+    sentinel_fails_over_a_hung_master(&env, &master, &replicas).await;
     drop(op);
+}
+
+/// Must show 1, hung: `DEBUG SLEEP 60` on the master `master` of the cluster `cache` (its
+/// replicas `replicas`): the same as a deleted master, within 30 s.
+async fn sentinel_fails_over_a_hung_master(env: &TestEnv, master: &str, replicas: &[String]) {
+    let mut sleeper = None;
+    let what = "master hung (DEBUG SLEEP 60)";
+    fail_over_from(env, master, replicas, what, Duration::from_secs(30), |env, old| {
+        // In the background: the command returns when the sleep ends.
+        let child = env
+            .kubectl()
+            .args(["-n", &env.namespace, "exec", old, "-c", "redis", "--"])
+            .args(["redis-cli", "-h", "127.0.0.1", "DEBUG", "SLEEP", "60"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("kubectl exec: {e}"));
+        sleeper = Some(child);
+        // The exec takes a moment to reach the server: the fault is done once the master no
+        // longer answers a PING within a second (the write gap is counted from before).
+        let hung = (0..100).any(|_| {
+            let out = client_sh(
+                env,
+                &format!("timeout 1 redis-cli -h {old}.cache-headless PING >/dev/null 2>&1 && echo up || echo hung"),
+            );
+            out.trim() == "hung" || {
+                std::thread::sleep(Duration::from_millis(100));
+                false
+            }
+        });
+        assert!(hung, "{old} still answers after DEBUG SLEEP");
+    })
+    .await;
+    if let Some(mut c) = sleeper {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }
