@@ -307,6 +307,9 @@ fn opening_a_large_log_reads_only_its_end() {
     let grew_kib = high_water().saturating_sub(before);
     println!("opened a 1 GiB audit log in {took:?}, peak memory grew by {grew_kib} KiB");
     assert_eq!(log.head().expect("head").1, 1, "continued from the last record");
-    assert!(took < std::time::Duration::from_secs(1), "took {took:?}");
+    // The memory bound below is the proof that the file is not read whole; the time is a figure
+    // (target 1 s), with a liveness ceiling.
+    stateward_testkit::report::seconds("audit.open_1gib_log", took, Some(std::time::Duration::from_secs(1)));
+    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
     assert!(grew_kib < 64 * 1024, "peak memory grew by {grew_kib} KiB");
 }
