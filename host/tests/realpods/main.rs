@@ -1036,8 +1036,8 @@ async fn a_test_re_executed_under_a_name_that_matches_nothing_fails() {
 
 /// `down --real` leaves nothing: a second, small real-pods cluster of its own (state dir,
 /// namespace and port apart from the shared one) is started and stopped, then searched for.
-#[test]
-fn down_leaves_no_process_mount_namespace_or_cgroup() {
+#[tokio::test]
+async fn down_leaves_no_process_mount_namespace_or_cgroup() {
     let state = std::env::temp_dir().join(stateward_testkit::unique_name("realpods-down"));
     let netns = format!("sw-down-{}", std::process::id());
     let port = e2e::free_port().to_string();
@@ -1053,6 +1053,8 @@ fn down_leaves_no_process_mount_namespace_or_cgroup() {
     if RealPods::inside() {
         return;
     }
+    // A whole cluster's start beside the shared one's tests: admitted like a replicated cluster.
+    let _admitted = stateward_testkit::real::admit(Weight::Medium).await;
     let started = Instant::now();
     let up = script("up").output().expect("run up --real");
     assert!(up.status.success(), "up --real: {}", String::from_utf8_lossy(&up.stderr));

@@ -92,6 +92,12 @@ fn gate() -> &'static Gate {
     })
 }
 
+/// Waits until the gate admits a test of `weight`, for a real-pods test that does not enter
+/// the shared cluster (it starts one of its own) but loads the machine all the same.
+pub async fn admit(weight: Weight) -> crate::gate::Admitted<'static> {
+    gate().admit(weight).await
+}
+
 /// Entry point of a real-pods test; see the module documentation.
 pub struct RealPods;
 

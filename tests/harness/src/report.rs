@@ -117,30 +117,58 @@ pub fn summarize(jsonl: &str) -> (Value, String) {
             _ => {}
         }
     }
-    figures.sort_by(|a, b| a["figure"].as_str().cmp(&b["figure"].as_str()));
     tests.sort_by(|a, b| {
         b["duration_s"].as_f64().unwrap_or(0.0).total_cmp(&a["duration_s"].as_f64().unwrap_or(0.0))
     });
-    let missed = figures.iter().filter(|f| f["met"] == false).count();
+    // One row per figure: its value, or min/median/max when it was measured more than once
+    // (scripts/bench runs the scenarios several times). A row misses when its median does.
+    let mut groups: std::collections::BTreeMap<&str, Vec<&Value>> = std::collections::BTreeMap::new();
+    for f in &figures {
+        groups.entry(f["figure"].as_str().unwrap_or("")).or_default().push(f);
+    }
+    let mut rows = Vec::new();
+    for (name, measured) in &groups {
+        let mut values: Vec<f64> = measured.iter().filter_map(|f| f["value"].as_f64()).collect();
+        values.sort_by(f64::total_cmp);
+        let (Some(min), Some(max)) = (values.first().copied(), values.last().copied()) else { continue };
+        let median = values[values.len() / 2];
+        let first = measured[0];
+        let target = match (first["target"]["op"].as_str(), first["target"]["value"].as_f64()) {
+            (Some("<="), Some(t)) => Target::AtMost(t),
+            (Some(">="), Some(t)) => Target::AtLeast(t),
+            _ => Target::None,
+        };
+        rows.push(json!({
+            "figure": name, "unit": first["unit"], "n": values.len(),
+            "min": min, "median": median, "max": max,
+            "target": target.to_json(), "met": target.met(median),
+            "test": first["test"],
+        }));
+    }
+    let missed = rows.iter().filter(|r| r["met"] == false).count();
 
     let mut table = format!(
         "figures of this run: {} measured, {missed} over target (reported, not failed)\n",
-        figures.len()
+        rows.len()
     );
-    let width = figures.iter().filter_map(|f| f["figure"].as_str()).map(str::len).max().unwrap_or(6).max(6);
-    table.push_str(&format!("  {:width$}  {:>12}  {:>12}  {}\n", "figure", "value", "target", "test"));
-    for f in &figures {
-        let unit = f["unit"].as_str().unwrap_or("");
-        let value = format!("{} {unit}", number(&f["value"]));
-        let target = match (f["target"]["op"].as_str(), f["target"].get("value")) {
+    let width = rows.iter().filter_map(|f| f["figure"].as_str()).map(str::len).max().unwrap_or(6).max(6);
+    table.push_str(&format!("  {:width$}  {:>22}  {:>12}  {}\n", "figure", "value (min/median/max)", "target", "test"));
+    for r in &rows {
+        let unit = r["unit"].as_str().unwrap_or("");
+        let value = if r["n"] == 1 {
+            format!("{} {unit}", number(&r["median"]))
+        } else {
+            format!("{}/{}/{} {unit}", number(&r["min"]), number(&r["median"]), number(&r["max"]))
+        };
+        let target = match (r["target"]["op"].as_str(), r["target"].get("value")) {
             (Some(op), Some(t)) => format!("{op} {} {unit}", number(t)),
             _ => "-".to_owned(),
         };
-        let mark = if f["met"] == false { "  MISSED" } else { "" };
-        let test = f["test"].as_str().unwrap_or("").rsplit("::").next().unwrap_or("");
+        let mark = if r["met"] == false { "  MISSED" } else { "" };
+        let test = r["test"].as_str().unwrap_or("").rsplit("::").next().unwrap_or("");
         table.push_str(&format!(
-            "  {:width$}  {value:>12}  {target:>12}  {test}{mark}\n",
-            f["figure"].as_str().unwrap_or("")
+            "  {:width$}  {value:>22}  {target:>12}  {test}{mark}\n",
+            r["figure"].as_str().unwrap_or("")
         ));
     }
     if !tests.is_empty() {
@@ -158,7 +186,7 @@ pub fn summarize(jsonl: &str) -> (Value, String) {
             ));
         }
     }
-    let report = json!({ "figures": figures, "missed": missed, "tests": tests });
+    let report = json!({ "summary": rows, "missed": missed, "figures": figures, "tests": tests });
     (report, table)
 }
 
@@ -187,6 +215,7 @@ mod tests {
         let (report, table) = summarize(&format!("{lines}\nnot json\n"));
         assert_eq!(report["missed"], 1);
         assert_eq!(report["figures"].as_array().map(Vec::len), Some(2));
+        assert_eq!(report["summary"].as_array().map(Vec::len), Some(2));
         assert_eq!(report["tests"][0]["test"], "b", "longest first");
         let failover = table.lines().find(|l| l.contains("pg.failover.write_gap")).unwrap_or_default();
         assert!(
@@ -194,6 +223,18 @@ mod tests {
         );
         let switchover = table.lines().find(|l| l.contains("pg.switchover.write_gap")).unwrap_or_default();
         assert!(!switchover.contains("MISSED"), "{switchover}");
+    }
+
+    #[test]
+    fn a_figure_measured_several_times_shows_min_median_max_and_misses_by_its_median() {
+        let lines: Vec<String> = [900.0, 7000.0, 1200.0]
+            .iter()
+            .map(|v| json!({"test": "t", "figure": "gap", "value": v, "unit": "ms", "target": {"op": "<=", "value": 5000.0}, "met": *v <= 5000.0}).to_string())
+            .collect();
+        let (report, table) = summarize(&lines.join("\n"));
+        assert_eq!(report["summary"][0]["median"], 1200.0);
+        assert_eq!(report["missed"], 0, "the median meets the target");
+        assert!(table.contains("900/1200/7000 ms"), "{table}");
     }
 
     #[test]
