@@ -10,7 +10,9 @@
 //!
 //! The test's name is never typed by hand: it is the name libtest gave the test's thread, and
 //! the child must report that exactly one test ran and passed (a name that matched nothing
-//! would run no test and exit 0: a silent pass).
+//! would run no test and exit 0: a silent pass). A child that runs past its time
+//! (`STATEWARD_REALPODS_TEST_TIMEOUT_SECS`, 40 minutes) is taken for hung and killed with its
+//! process group.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -37,6 +39,10 @@ use crate::{recycle_and_wipe_released_volumes, run_up, Cluster, TestEnv};
 const CHILD_ENV: &str = "STATEWARD_REALPODS_TEST";
 /// Set in the child: the real cluster's admin kubeconfig.
 const KUBECONFIG_ENV: &str = "STATEWARD_REALPODS_KUBECONFIG";
+/// How long one real-pods test may run before it is taken for hung and killed.
+const TIMEOUT_ENV: &str = "STATEWARD_REALPODS_TEST_TIMEOUT_SECS";
+/// The longest real-pods tests take about 10 minutes on a busy 2-core machine.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(40 * 60);
 /// How many units of [`Weight`] run at once (see [`crate::gate`]).
 const CAPACITY_ENV: &str = "STATEWARD_REALPODS_CAPACITY";
 /// A cold `up --real` imports images and waits for the node: allow more than the kwok cluster.
@@ -144,27 +150,42 @@ impl RealPods {
             .env(KUBECONFIG_ENV, real.kubeconfig())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("running {test} inside the cluster's network namespace"))?;
         // libtest's own lines (which tests ran, the result) are on stdout; the body's on stderr.
         let mut lines = BufReader::new(child.stdout.take().context("the child's stdout")?).lines();
-        let mut stdout = String::new();
-        while let Some(line) = lines.next_line().await.context("reading the child's output")? {
-            // Straight to the process's stdout (libtest's capture would hide it until a
-            // failure), marked as the child's so the run's summary counts the test once.
-            let _ = writeln!(std::io::stdout().lock(), "inside: {line}");
-            stdout.push_str(&line);
-            stdout.push('\n');
-        }
-        let status = child.wait().await.context("waiting for the child")?;
-        let verdict = one_test_passed(&stdout).and_then(|()| {
-            if status.success() {
-                Ok(())
-            } else {
-                Err(format!("it exited with {status}"))
+        let run = async {
+            let mut stdout = String::new();
+            while let Some(line) = lines.next_line().await? {
+                // Straight to the process's stdout (libtest's capture would hide it until a
+                // failure), marked as the child's so the run's summary counts the test once.
+                let _ = writeln!(std::io::stdout().lock(), "inside: {line}");
+                stdout.push_str(&line);
+                stdout.push('\n');
             }
-        });
+            let status = child.wait().await?;
+            Ok::<_, std::io::Error>((stdout, status))
+        };
+        let limit = test_timeout();
+        let verdict = match tokio::time::timeout(limit, run).await {
+            Ok(Ok((stdout, status))) => one_test_passed(&stdout).and_then(|()| {
+                if status.success() {
+                    Ok(())
+                } else {
+                    Err(format!("it exited with {status}"))
+                }
+            }),
+            Ok(Err(e)) => Err(format!("reading its output: {e}")),
+            Err(_) => {
+                // A hang: the whole process group goes (the test, its operators, its kubectls).
+                if let Some(pid) = child.id() {
+                    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status();
+                }
+                Err(format!("it hung: killed after {limit:?} ({TIMEOUT_ENV} to change it)"))
+            }
+        };
         let outcome = if verdict.is_ok() { "passed" } else { "failed" };
         crate::report::test_duration(test, started.elapsed(), outcome);
         verdict.map_err(|why| {
@@ -178,6 +199,10 @@ impl RealPods {
     pub fn inside() -> bool {
         std::env::var_os(CHILD_ENV).is_some()
     }
+}
+
+fn test_timeout() -> Duration {
+    std::env::var(TIMEOUT_ENV).ok().and_then(|s| s.parse().ok()).map_or(DEFAULT_TIMEOUT, Duration::from_secs)
 }
 
 /// The name libtest runs the calling test under: the name of its thread (a `#[tokio::test]`

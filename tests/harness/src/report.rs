@@ -152,7 +152,10 @@ pub fn summarize(jsonl: &str) -> (Value, String) {
         rows.len()
     );
     let width = rows.iter().filter_map(|f| f["figure"].as_str()).map(str::len).max().unwrap_or(6).max(6);
-    table.push_str(&format!("  {:width$}  {:>22}  {:>12}  {}\n", "figure", "value (min/median/max)", "target", "test"));
+    table.push_str(&format!(
+        "  {:width$}  {:>22}  {:>12}  {}\n",
+        "figure", "value (min/median/max)", "target", "test"
+    ));
     for r in &rows {
         let unit = r["unit"].as_str().unwrap_or("");
         let value = if r["n"] == 1 {
