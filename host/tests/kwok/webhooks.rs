@@ -128,7 +128,8 @@ async fn retention_delete_is_denied_to_dev_allowed_to_admins_and_both_audited() 
         matches!(&denied, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("retention-delete")),
         "{denied:?}"
     );
-    ensure!(took < Duration::from_secs(1), "denial took {took:?}");
+    stateward_testkit::report::seconds("webhook.denial_round_trip", took, Some(Duration::from_secs(1)));
+    ensure!(took < Duration::from_secs(5), "denial took {took:?} (the API server's timeout is 10 s)");
     eprintln!("denial round trip (client -> API server -> webhook -> client): {took:.1?}");
 
     let records = audit_admissions(&op);

@@ -163,7 +163,21 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
     let url = "http://127.0.0.1:9200/notes";
     curl(&env, "logs-data-0", &["-X", "PUT", "-H", "Content-Type: application/json", url, "-d", index]);
     let yellowed = Instant::now();
-    let (cr, took) = wait_for("clusterHealth yellow", Duration::from_secs(60), health("yellow")).await;
+    // Yellow at once, with all three replicas unassigned until two of them are placed: the
+    // settled state is one unassigned copy.
+    let (cr, took) = wait_for("clusterHealth yellow, one copy unassigned", Duration::from_secs(90), || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, "logs").await.ok_or("CR not found")?;
+            let h = &cr["status"]["clusterHealth"];
+            if h["status"] == "yellow" && h["unassignedShards"] == 1 {
+                Ok(cr)
+            } else {
+                Err(format!("clusterHealth {h}"))
+            }
+        }
+    })
+    .await;
     assert_eq!(cr["status"]["clusterHealth"]["unassignedShards"], 1, "{}", cr["status"]["clusterHealth"]);
     eprintln!("realpods[es]: yellow {took:.1?} after the index");
     let condition = |want: &'static str| {

@@ -101,7 +101,20 @@ fn gate() -> &'static Gate {
 /// Waits until the gate admits a test of `weight`, for a real-pods test that does not enter
 /// the shared cluster (it starts one of its own) but loads the machine all the same.
 pub async fn admit(weight: Weight) -> crate::gate::Admitted<'static> {
-    gate().admit(weight).await
+    let expected = current_test().map(|t| expected_duration(&t)).unwrap_or_default();
+    gate().admit(weight, expected).await
+}
+
+/// How long `test` took in the last run, from its report (`STATEWARD_REPORT_PREVIOUS`, which
+/// scripts/test points at the last `stateward-report.json`); zero when unknown.
+fn expected_duration(test: &str) -> Duration {
+    static LAST: std::sync::OnceLock<std::collections::HashMap<String, f64>> = std::sync::OnceLock::new();
+    let last = LAST.get_or_init(|| {
+        let Some(path) = std::env::var_os(crate::report::PREVIOUS_ENV) else { return Default::default() };
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        crate::report::durations(&text)
+    });
+    last.get(test).map_or(Duration::ZERO, |s| Duration::from_secs_f64(s.max(0.0)))
 }
 
 /// Entry point of a real-pods test; see the module documentation.
@@ -117,7 +130,7 @@ impl RealPods {
             return Self::enter_gated(&test, prefix).await;
         }
         let queued = Instant::now();
-        let _admitted = gate().admit(weight).await;
+        let _admitted = gate().admit(weight, expected_duration(&test)).await;
         let waited = queued.elapsed();
         if waited > Duration::from_secs(1) {
             eprintln!("realpods: {test} ({weight:?}) admitted after {waited:.0?} in line");
@@ -169,14 +182,18 @@ impl RealPods {
             Ok::<_, std::io::Error>((stdout, status))
         };
         let limit = test_timeout();
+        let mut ran_one = true;
         let verdict = match tokio::time::timeout(limit, run).await {
-            Ok(Ok((stdout, status))) => one_test_passed(&stdout).and_then(|()| {
-                if status.success() {
-                    Ok(())
-                } else {
-                    Err(format!("it exited with {status}"))
-                }
-            }),
+            Ok(Ok((stdout, status))) => {
+                ran_one = stdout.lines().any(|l| l == "running 1 test");
+                one_test_passed(&stdout).and_then(|()| {
+                    if status.success() {
+                        Ok(())
+                    } else {
+                        Err(format!("it exited with {status}"))
+                    }
+                })
+            }
             Ok(Err(e)) => Err(format!("reading its output: {e}")),
             Err(_) => {
                 // A hang: the whole process group goes (the test, its operators, its kubectls).
@@ -187,7 +204,10 @@ impl RealPods {
             }
         };
         let outcome = if verdict.is_ok() { "passed" } else { "failed" };
-        crate::report::test_duration(test, started.elapsed(), outcome);
+        // A child that ran no test has no duration worth keeping.
+        if ran_one {
+            crate::report::test_duration(test, started.elapsed(), outcome);
+        }
         verdict.map_err(|why| {
             anyhow::anyhow!(
                 "{test} failed inside the cluster's network namespace: {why}; its output is above"

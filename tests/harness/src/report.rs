@@ -22,6 +22,8 @@ use serde_json::{json, Value};
 
 /// The file the figures go to, set by `scripts/test`.
 pub const REPORT_ENV: &str = "STATEWARD_REPORT";
+/// The last run's report (`stateward-report.json`), for the real-pods tests' durations.
+pub const PREVIOUS_ENV: &str = "STATEWARD_REPORT_PREVIOUS";
 
 /// What a figure is compared against.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -191,6 +193,17 @@ pub fn summarize(jsonl: &str) -> (Value, String) {
     }
     let report = json!({ "summary": rows, "missed": missed, "figures": figures, "tests": tests });
     (report, table)
+}
+
+/// Each test's duration in seconds from a report [`summarize`] wrote.
+pub fn durations(report_json: &str) -> std::collections::HashMap<String, f64> {
+    let report: Value = serde_json::from_str(report_json).unwrap_or(Value::Null);
+    report["tests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| Some((t["test"].as_str()?.to_owned(), t["duration_s"].as_f64()?)))
+        .collect()
 }
 
 fn number(v: &Value) -> String {
