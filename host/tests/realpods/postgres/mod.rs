@@ -1,4 +1,4 @@
-//! PostgreSQL high availability on real pods (issue [postgres]): one primary and streaming hot
+//! PostgreSQL high availability on real pods: one primary and streaming hot
 //! standbys, failover, switchover. A test makes a `PostgresCluster` with the local image and a
 //! client pod of the same image that reaches the cluster through its Services; the scenarios of
 //! one cluster's lifetime run as one chain (`chain`), the others on clusters of their own
