@@ -38,7 +38,9 @@ pub struct Owner {
 /// How much the host runs and keeps.
 #[derive(Clone, Debug)]
 pub struct RequestSettings {
-    /// Requests of one resource running at once; more wait for a later reconcile.
+    /// Polls of one resource running at once, and one-shot requests of one resource running at
+    /// once (each kind its own budget: polls never hold back a failover's steps); more wait
+    /// for a later reconcile.
     pub per_resource: usize,
     /// Requests running at once in the whole operator.
     pub total: usize,
@@ -76,6 +78,8 @@ pub struct Submission {
 #[derive(Default)]
 struct Entry {
     running: bool,
+    /// A one-shot request (counted in its own per-resource budget).
+    once: bool,
     answer: Option<Response>,
     answered_at: Option<Instant>,
     /// Sent answers in a row that came back with an error (a poll backs off on them).
@@ -169,13 +173,15 @@ impl Requests {
 
     /// Whether a request of this id should be sent now: a poll when none is running and its
     /// last answer is older than its interval; a one-shot request when this process never
-    /// sent it (the caller also checks the durable record).
+    /// sent it (the caller also checks the durable record). Either only while fewer than
+    /// `per_resource` requests of its kind run for `owner`.
     pub fn due(&self, owner: &Owner, id: &str, mode: RequestMode) -> bool {
         let book = self.book.lock().unwrap_or_else(PoisonError::into_inner);
+        let once = mode == RequestMode::Once;
+        let free = self.running(&book, owner, once) < self.settings.per_resource;
         let Some(entry) = book.get(owner).and_then(|e| e.get(id)) else {
-            return self.running(&book, owner) < self.settings.per_resource;
+            return free;
         };
-        let free = self.running(&book, owner) < self.settings.per_resource;
         match mode {
             RequestMode::Once => false,
             RequestMode::Every(interval) => {
@@ -185,8 +191,9 @@ impl Requests {
         }
     }
 
-    fn running(&self, book: &HashMap<Owner, HashMap<String, Entry>>, owner: &Owner) -> usize {
-        book.get(owner).map_or(0, |e| e.values().filter(|e| e.running).count())
+    /// Requests of `owner` running now, one-shot ones or polls.
+    fn running(&self, book: &HashMap<Owner, HashMap<String, Entry>>, owner: &Owner, once: bool) -> usize {
+        book.get(owner).map_or(0, |e| e.values().filter(|e| e.running && e.once == once).count())
     }
 
     /// Starts `submission` in a task of its own; its answer lands here and wakes `owner`.
@@ -195,6 +202,7 @@ impl Requests {
             let mut book = self.book.lock().unwrap_or_else(PoisonError::into_inner);
             let entry = book.entry(owner.clone()).or_default().entry(submission.id.clone()).or_default();
             entry.running = true;
+            entry.once = submission.mode == RequestMode::Once;
         }
         let this = Arc::clone(self);
         tokio::spawn(async move {
@@ -383,6 +391,18 @@ mod tests {
         assert!(!r.due(&owner(), "c", RequestMode::Every(Duration::ZERO)), "two running: the third waits");
         let other = Owner { name: "other".into(), ..owner() };
         assert!(r.due(&other, "c", RequestMode::Every(Duration::ZERO)), "another resource is not held back");
+    }
+
+    /// A plugin's polls took every slot of a busy resource, and its switchover's next step
+    /// waited behind them until the switchover timed out: one-shot requests have their own.
+    #[tokio::test]
+    async fn polls_in_every_slot_do_not_hold_back_a_one_shot_request() {
+        let r = requests(1);
+        r.start(owner(), refused_http("poll"));
+        assert!(!r.due(&owner(), "another-poll", RequestMode::Every(Duration::ZERO)), "the poll slot is taken");
+        assert!(r.due(&owner(), "pause", RequestMode::Once), "a one-shot request has a slot of its own");
+        r.start(owner(), Submission { mode: RequestMode::Once, ..refused_http("pause") });
+        assert!(!r.due(&owner(), "promote", RequestMode::Once), "one-shot requests are bounded too");
     }
 
     #[tokio::test]
