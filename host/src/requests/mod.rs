@@ -399,7 +399,10 @@ mod tests {
     async fn polls_in_every_slot_do_not_hold_back_a_one_shot_request() {
         let r = requests(1);
         r.start(owner(), refused_http("poll"));
-        assert!(!r.due(&owner(), "another-poll", RequestMode::Every(Duration::ZERO)), "the poll slot is taken");
+        assert!(
+            !r.due(&owner(), "another-poll", RequestMode::Every(Duration::ZERO)),
+            "the poll slot is taken"
+        );
         assert!(r.due(&owner(), "pause", RequestMode::Once), "a one-shot request has a slot of its own");
         r.start(owner(), Submission { mode: RequestMode::Once, ..refused_http("pause") });
         assert!(!r.due(&owner(), "promote", RequestMode::Once), "one-shot requests are bounded too");

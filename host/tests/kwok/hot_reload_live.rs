@@ -313,24 +313,36 @@ async fn new_plugin_build_takes_over_under_load_and_bad_builds_are_refused() {
         );
     }
     assert!(plugins.contains("-next"), "{plugins}");
-    let events = env
-        .kubectl()
-        .args([
-            "get",
-            "events",
-            "-n",
-            &env.namespace,
-            "--field-selector",
-            "reason=PluginRejected",
-            "-o",
-            "jsonpath={.items[*].message}",
-        ])
-        .output()
-        .unwrap();
-    let events = String::from_utf8_lossy(&events.stdout);
-    for (reason, _) in &bad {
-        assert!(events.contains(reason), "no PluginRejected event for {reason}: {events}");
-    }
+    // Each refusal's Event is posted after it is counted: waited for, not read once.
+    let rejected = || {
+        let out = env
+            .kubectl()
+            .args([
+                "get",
+                "events",
+                "-n",
+                &env.namespace,
+                "--field-selector",
+                "reason=PluginRejected",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let every_reason = wait_for("a PluginRejected event for every refusal", Duration::from_secs(30), || {
+        let events = rejected();
+        let missing: Vec<&str> = bad.iter().map(|(r, _)| *r).filter(|r| !events.contains(r)).collect();
+        async move {
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("none yet for {missing:?}: {events}"))
+            }
+        }
+    });
+    every_reason.await;
 
     // Deleting the ConfigMap falls back to the built-in build, which drops the label again.
     cms.delete("redis-next", &DeleteParams::default()).await.unwrap();
