@@ -121,19 +121,14 @@ impl Reloader {
     ) {
         let cm_name = cm.name_any();
         let name = cm.labels().get(plugins::PLUGIN_LABEL).cloned().unwrap_or_default();
-        // The annotation and the bytes' own digest: any change to either is vetted again.
-        let bytes = cm
-            .binary_data
-            .as_ref()
-            .and_then(|d| d.get(plugins::WASM_KEY))
-            .map(|b| b.0.as_slice())
-            .unwrap_or_default();
+        // The annotation and the shipped bytes' own digest: any change to either is vetted again.
+        let shipped = plugins::shipped(cm)
+            .map_or_else(|_| String::new(), |(key, bytes)| format!("{key} {}", plugins::digest_of(bytes)));
         let fingerprint = (
             name.clone(),
             format!(
-                "{} {}",
-                cm.annotations().get(plugins::DIGEST_ANNOTATION).map_or("", String::as_str),
-                plugins::digest_of(bytes)
+                "{} {shipped}",
+                cm.annotations().get(plugins::DIGEST_ANNOTATION).map_or("", String::as_str)
             ),
         );
         if seen.get(&cm_name) == Some(&fingerprint) {
@@ -170,7 +165,10 @@ impl Reloader {
                     cm,
                     EventType::Normal,
                     "PluginLoaded",
-                    &format!("loaded from binaryData[\"{}\"]", plugins::WASM_KEY),
+                    &format!(
+                        "loaded from binaryData[\"{}\"]",
+                        plugins::shipped(cm).map_or(plugins::WASM_KEY, |(key, _)| key)
+                    ),
                 )
                 .await;
             }

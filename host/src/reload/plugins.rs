@@ -2,6 +2,7 @@
 //! before it may replace the plugin serving its kinds.
 
 use std::collections::BTreeSet;
+use std::io::{Read, Write};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -18,8 +19,16 @@ use crate::runtime::{KindInfo, LiveRegistry, Plugin, RuntimeError, Sandbox};
 pub const PLUGIN_LABEL: &str = "stateward.dev/plugin";
 /// Annotation with the SHA-256 of the component (`sha256:<hex>` or bare hex).
 pub const DIGEST_ANNOTATION: &str = "stateward.dev/sha256";
-/// The `binaryData` key holding the component.
+/// The `binaryData` key holding the component as it is.
 pub const WASM_KEY: &str = "plugin.wasm";
+/// The `binaryData` key holding the component gzip-compressed (what `stateward plugin pack`
+/// writes: a third of the size, so a component may grow well past what a ConfigMap holds raw).
+pub const WASM_GZ_KEY: &str = "plugin.wasm.gz";
+/// A compressed component is refused, before anything else reads it, when it expands to more
+/// than this many times its compressed size (components compress about 3:1)...
+pub const MAX_EXPANSION: usize = 20;
+/// ...or to more than this.
+pub const MAX_COMPONENT_BYTES: usize = 16 * 1024 * 1024;
 /// The API server refuses objects over 1 MiB (etcd's request limit), base64 and metadata
 /// included; a component must leave room for both.
 pub const MAX_CONFIGMAP_BYTES: usize = 1024 * 1024;
@@ -44,22 +53,32 @@ pub fn digest_of(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
-/// The largest component that fits a ConfigMap once base64-encoded.
+/// The most `binaryData` bytes that fit a ConfigMap once base64-encoded.
 pub fn max_component_bytes() -> usize {
     (MAX_CONFIGMAP_BYTES - METADATA_ALLOWANCE) / 4 * 3
 }
 
-/// The ConfigMap that ships `bytes` as plugin `name` (what `stateward plugin pack` prints).
+/// The ConfigMap that ships `bytes` as plugin `name`, compressed under [`WASM_GZ_KEY`], its
+/// digest that of the component itself (what `stateward plugin pack` prints).
 pub fn pack(bytes: &[u8], name: &str, namespace: &str) -> Result<ConfigMap, String> {
-    if bytes.len() > max_component_bytes() {
-        return Err(format!(
-            "the component is {} bytes; a ConfigMap holds at most {} (1 MiB after base64 and metadata)",
-            bytes.len(),
-            max_component_bytes()
-        ));
-    }
     if !bytes.starts_with(b"\0asm") {
         return Err("not a WebAssembly file (no \\0asm header)".into());
+    }
+    if bytes.len() > MAX_COMPONENT_BYTES {
+        return Err(format!(
+            "the component is {} bytes; the operator loads at most {MAX_COMPONENT_BYTES}",
+            bytes.len()
+        ));
+    }
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(bytes).map_err(|e| format!("compressing the component: {e}"))?;
+    let compressed = gz.finish().map_err(|e| format!("compressing the component: {e}"))?;
+    if compressed.len() > max_component_bytes() {
+        return Err(format!(
+            "the component is {} bytes compressed; a ConfigMap holds at most {} (1 MiB after base64 and metadata)",
+            compressed.len(),
+            max_component_bytes()
+        ));
     }
     Ok(ConfigMap {
         metadata: ObjectMeta {
@@ -69,9 +88,52 @@ pub fn pack(bytes: &[u8], name: &str, namespace: &str) -> Result<ConfigMap, Stri
             annotations: Some([(DIGEST_ANNOTATION.to_string(), digest_of(bytes))].into()),
             ..ObjectMeta::default()
         },
-        binary_data: Some([(WASM_KEY.to_string(), ByteString(bytes.to_vec()))].into()),
+        binary_data: Some([(WASM_GZ_KEY.to_string(), ByteString(compressed))].into()),
         ..ConfigMap::default()
     })
+}
+
+/// The `binaryData` entry a ConfigMap ships its component in, as stored: exactly one of
+/// [`WASM_KEY`] and [`WASM_GZ_KEY`]. Err: the rejection reason and why.
+pub fn shipped(cm: &ConfigMap) -> Result<(&'static str, &[u8]), (&'static str, String)> {
+    let get = |key: &str| cm.binary_data.as_ref().and_then(|d| d.get(key)).map(|b| b.0.as_slice());
+    match (get(WASM_KEY), get(WASM_GZ_KEY)) {
+        (Some(raw), None) => Ok((WASM_KEY, raw)),
+        (None, Some(gz)) => Ok((WASM_GZ_KEY, gz)),
+        (Some(_), Some(_)) => Err((
+            "ambiguous_data",
+            format!("binaryData holds both \"{WASM_KEY}\" and \"{WASM_GZ_KEY}\"; ship the component once"),
+        )),
+        (None, None) => Err((
+            "missing_data",
+            format!("binaryData[\"{WASM_KEY}\"] or binaryData[\"{WASM_GZ_KEY}\"] is missing"),
+        )),
+    }
+}
+
+/// The component a ConfigMap ships, decompressed when it is compressed: never more than
+/// [`MAX_EXPANSION`] times the compressed size nor [`MAX_COMPONENT_BYTES`] is inflated, so a
+/// small ConfigMap cannot make the operator allocate much.
+pub fn component(cm: &ConfigMap) -> Result<Vec<u8>, (&'static str, String)> {
+    let (key, data) = shipped(cm)?;
+    if key == WASM_KEY {
+        return Ok(data.to_vec());
+    }
+    let limit = MAX_COMPONENT_BYTES.min(data.len().saturating_mul(MAX_EXPANSION));
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(data)
+        .take(u64::try_from(limit).unwrap_or(u64::MAX).saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|e| ("bad_compression", format!("binaryData[\"{WASM_GZ_KEY}\"] is not gzip data: {e}")))?;
+    if out.len() > limit {
+        let bound = if limit == MAX_COMPONENT_BYTES {
+            format!("{MAX_COMPONENT_BYTES} bytes")
+        } else {
+            format!("{MAX_EXPANSION} times its {} compressed bytes", data.len())
+        };
+        return Err(("too_large", format!("binaryData[\"{WASM_GZ_KEY}\"] expands to more than {bound}")));
+    }
+    Ok(out)
 }
 
 /// Runs every check on the build a ConfigMap carries and returns the loaded plugin, or why
@@ -93,12 +155,9 @@ pub fn vet(
     if name.is_empty() {
         return Err(reject("missing_name", format!("label {PLUGIN_LABEL} has no value")));
     }
-    let bytes = cm
-        .binary_data
-        .as_ref()
-        .and_then(|d| d.get(WASM_KEY))
-        .map(|b| b.0.as_slice())
-        .ok_or_else(|| reject("missing_data", format!("binaryData[\"{WASM_KEY}\"] is missing")))?;
+    let (key, _) = shipped(cm).map_err(|(reason, message)| reject(reason, message))?;
+    let component = component(cm).map_err(|(reason, message)| reject(reason, message))?;
+    let bytes = component.as_slice();
     let declared = cm.annotations().get(DIGEST_ANNOTATION).map(|d| d.trim().to_ascii_lowercase());
     let actual = digest_of(bytes);
     match declared {
@@ -106,7 +165,7 @@ pub fn vet(
         Some(d) if d.trim_start_matches("sha256:") != actual.trim_start_matches("sha256:") => {
             return Err(reject(
                 "digest_mismatch",
-                format!("annotation {DIGEST_ANNOTATION} says {d}, binaryData[\"{WASM_KEY}\"] is {actual}"),
+                format!("annotation {DIGEST_ANNOTATION} says {d}, the component in binaryData[\"{key}\"] is {actual}"),
             ));
         }
         Some(_) => {}

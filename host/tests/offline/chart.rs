@@ -306,7 +306,7 @@ fn values_only_the_chart_has_change_what_they_name() {
     assert!(packed.status.success(), "{}", text(&packed));
     let packed: Value = yaml_serde::from_slice(&packed.stdout).unwrap();
     let b64 = std::env::temp_dir().join(format!("stateward-chart-redis-{}.b64", std::process::id()));
-    std::fs::write(&b64, packed["binaryData"]["plugin.wasm"].as_str().unwrap()).unwrap();
+    std::fs::write(&b64, packed["binaryData"]["plugin.wasm.gz"].as_str().unwrap()).unwrap();
     let digest = packed["metadata"]["annotations"]["stateward.dev/sha256"].as_str().unwrap();
     let out = helm(&[
         "template",
@@ -319,7 +319,7 @@ fn values_only_the_chart_has_change_what_they_name() {
         "--set",
         &format!("plugins[0].sha256={digest}"),
         "--set-file",
-        &format!("plugins[0].wasm={}", b64.display()),
+        &format!("plugins[0].wasmGz={}", b64.display()),
         "--set",
         "policyConfigMaps.team-rules.team\\.rego=package stateward.team",
     ]);

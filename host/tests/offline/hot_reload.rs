@@ -140,8 +140,15 @@ fn plugins_policy_can_refuse_a_build() {
 
 #[test]
 fn pack_refuses_what_cannot_ship_in_a_configmap() {
-    let too_big = vec![0u8; plugins::max_component_bytes() + 1];
-    assert!(plugins::pack(&too_big, "redis", "ns").unwrap_err().contains("at most"));
+    // Compressed, still more than a ConfigMap holds: noise does not compress.
+    let mut too_big = b"\0asm".to_vec();
+    too_big.extend(noise(plugins::max_component_bytes() + 1));
+    assert!(plugins::pack(&too_big, "redis", "ns")
+        .unwrap_err()
+        .contains("compressed; a ConfigMap holds at most"));
+    let mut beyond = b"\0asm".to_vec();
+    beyond.resize(plugins::MAX_COMPONENT_BYTES + 1, 0);
+    assert!(plugins::pack(&beyond, "redis", "ns").unwrap_err().contains("loads at most"));
     assert!(plugins::pack(b"#!/bin/sh\n", "redis", "ns").unwrap_err().contains("not a WebAssembly"));
     let cm = packed(&variant(&[]), "redis");
     let ann = &cm.metadata.annotations.as_ref().unwrap()[plugins::DIGEST_ANNOTATION];
@@ -405,4 +412,121 @@ fn winch_compiles_a_build_faster_and_plans_as_cranelift_does() {
     );
     assert_eq!(winch_plan, cranelift_plan, "the two compilers' code planned differently");
     assert!(winch < cranelift, "Winch compiled in {winch:?}, Cranelift in {cranelift:?}");
+}
+
+/// `stateward plugin pack` ships the component gzip-compressed, its digest that of the
+/// component itself; the same build shipped as it is (`plugin.wasm`) loads the same.
+#[test]
+fn a_compressed_build_loads_like_one_shipped_as_it_is() {
+    let good = variant(&[]);
+    let compressed = packed(&good, "redis");
+    let data = compressed.binary_data.as_ref().unwrap();
+    assert!(
+        data.contains_key(plugins::WASM_GZ_KEY) && !data.contains_key(plugins::WASM_KEY),
+        "{:?}",
+        data.keys()
+    );
+    assert_eq!(
+        compressed.metadata.annotations.as_ref().unwrap()[plugins::DIGEST_ANNOTATION],
+        plugins::digest_of(&good),
+        "the digest is of the component, not of its compressed form"
+    );
+    assert!(
+        data[plugins::WASM_GZ_KEY].0.len() * 2 < good.len(),
+        "compressed: {} of {}",
+        data[plugins::WASM_GZ_KEY].0.len(),
+        good.len()
+    );
+    let from_gz = vet(&compressed, &builtins()).expect("the compressed build loads");
+    let raw = packed_raw(&good, "redis");
+    let from_raw = vet(&raw, &builtins()).expect("the same build shipped as it is loads");
+    assert_eq!(from_gz.digest(), from_raw.digest());
+}
+
+/// Deterministic bytes that do not compress.
+fn noise(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+/// A ConfigMap whose `binaryData` is `data`, labelled redis, its digest annotation `digest`.
+fn shipping(data: &[(&str, Vec<u8>)], digest: &str) -> ConfigMap {
+    let mut cm = packed(&variant(&[]), "redis");
+    cm.binary_data = Some(data.iter().map(|(k, v)| (k.to_string(), ByteString(v.clone()))).collect());
+    cm.metadata.annotations.as_mut().unwrap().insert(plugins::DIGEST_ANNOTATION.into(), digest.into());
+    cm
+}
+
+/// What a compressed ConfigMap may make the operator inflate is bounded by ratio and size,
+/// before the digest or anything else reads it; junk, both forms at once or neither are
+/// refused, each with its reason and the field named.
+#[test]
+fn a_compression_bomb_junk_or_an_ambiguous_build_is_refused_before_it_is_read() {
+    let registry = builtins();
+    let good = variant(&[]);
+    let digest = plugins::digest_of(&good);
+    // 8 MiB of zeros compress to about 8 KiB: refused at 20 times that, never inflated whole.
+    let bomb = gzip(&vec![0u8; 8 * 1024 * 1024]);
+    // Noise with zeros after it: under the ratio, over the absolute bound.
+    let mut big = noise(900 * 1024);
+    big.extend(std::iter::repeat_n(0u8, 17 * 1024 * 1024));
+    let big = gzip(&big);
+    let cases: [(&str, ConfigMap, &str); 5] = [
+        ("too_large", shipping(&[(plugins::WASM_GZ_KEY, bomb)], &digest), "20 times its"),
+        ("too_large", shipping(&[(plugins::WASM_GZ_KEY, big)], &digest), "16777216 bytes"),
+        ("bad_compression", shipping(&[(plugins::WASM_GZ_KEY, good.clone())], &digest), "plugin.wasm.gz"),
+        (
+            "ambiguous_data",
+            shipping(&[(plugins::WASM_KEY, good.clone()), (plugins::WASM_GZ_KEY, gzip(&good))], &digest),
+            "both",
+        ),
+        ("missing_data", shipping(&[], &digest), "plugin.wasm.gz"),
+    ];
+    for (reason, cm, says) in cases {
+        let rejection = vet(&cm, &registry).expect_err(reason);
+        assert_eq!(rejection.reason, reason, "{rejection}");
+        assert!(rejection.message.contains(says), "{reason}: {}", rejection.message);
+    }
+    // A compressed build whose component is not the one the digest names.
+    let other = shipping(&[(plugins::WASM_GZ_KEY, gzip(&good))], &format!("sha256:{}", "ab".repeat(32)));
+    assert_eq!(vet(&other, &registry).expect_err("digest").reason, "digest_mismatch");
+    assert!(registry.overridden().is_empty());
+}
+
+/// Room to grow: each shipped plugin, packed, uses at most half of what a ConfigMap holds
+/// (the Redis component alone was 95 % of it shipped as it is).
+#[test]
+fn each_shipped_plugin_packed_uses_at_most_half_a_configmap() {
+    for name in ["postgres", "redis", "elasticsearch"] {
+        let component = std::fs::read(wasm(&format!("stateward-{name}"))).unwrap();
+        let cm = packed(&component, name);
+        let stored = serde_json::to_vec(&cm).unwrap().len();
+        let share = stored as f64 * 100.0 / plugins::MAX_CONFIGMAP_BYTES as f64;
+        let raw = component.len().div_ceil(3) * 4 * 100 / plugins::MAX_CONFIGMAP_BYTES;
+        eprintln!(
+            "{name}: {} bytes, {stored} bytes as a ConfigMap: {share:.1} % of the bound (as it is: {raw} %)",
+            component.len()
+        );
+        stateward_testkit::report::figure(
+            &format!("plugin.configmap_share.{name}"),
+            share,
+            "%",
+            stateward_testkit::report::Target::AtMost(50.0),
+        );
+        assert!(share <= 50.0, "{name}: {share:.1} % of a ConfigMap");
+    }
 }
