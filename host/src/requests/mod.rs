@@ -229,26 +229,24 @@ impl Requests {
         });
     }
 
+    /// Runs one request. Its timeout counts from here, the wait for one of the operator's
+    /// `total` slots included: requests of other resources that hang hold this one's answer
+    /// back by at most its own timeout.
     async fn run(&self, submission: &Submission) -> Response {
         let started_at_ms = now_ms();
         let started = Instant::now();
         let cap = self.settings.output_bytes;
-        let result = match self.total.acquire().await {
-            Err(_) => Err("the operator is shutting down".to_string()),
-            Ok(_permit) => {
-                let work = async {
-                    match &submission.prepared {
-                        Prepared::Exec(e) => e.run(&self.client, cap).await,
-                        Prepared::Http(h) => h.run(cap).await,
-                    }
-                };
-                match tokio::time::timeout(submission.timeout, work).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        Err(format!("no answer within the timeout of {} ms", submission.timeout.as_millis()))
-                    }
-                }
+        let work = async {
+            let _permit =
+                self.total.acquire().await.map_err(|_| "the operator is shutting down".to_string())?;
+            match &submission.prepared {
+                Prepared::Exec(e) => e.run(&self.client, cap).await,
+                Prepared::Http(h) => h.run(cap).await,
             }
+        };
+        let result = match tokio::time::timeout(submission.timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("no answer within the timeout of {} ms", submission.timeout.as_millis())),
         };
         let mut response = match result {
             Ok(answer) => answer,
@@ -406,6 +404,50 @@ mod tests {
         assert!(r.due(&owner(), "pause", RequestMode::Once), "a one-shot request has a slot of its own");
         r.start(owner(), Submission { mode: RequestMode::Once, ..refused_http("pause") });
         assert!(!r.due(&owner(), "promote", RequestMode::Once), "one-shot requests are bounded too");
+    }
+
+    /// The operator's slots all held by a request to a server that never answers: another
+    /// resource's request still answers within its own timeout, not after the other's.
+    #[tokio::test]
+    async fn a_request_waiting_for_a_slot_still_answers_within_its_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("addr");
+        let _server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let client =
+            Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().expect("url"))).expect("client");
+        let r = Requests::new(
+            client,
+            RequestSettings { per_resource: 4, total: 1, output_bytes: 1024 },
+            Arc::new(|_| {}),
+        );
+        let silent = |id: &str, timeout: Duration| {
+            let mut s = refused_http(id);
+            s.timeout = timeout;
+            if let Prepared::Http(h) = &mut s.prepared {
+                h.address = address;
+            }
+            s
+        };
+        let woken = r.woken();
+        tokio::pin!(woken);
+        r.start(owner(), silent("hangs", Duration::from_secs(60)));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let other = Owner { name: "other".into(), ..owner() };
+        let asked = Instant::now();
+        r.start(other.clone(), silent("health", Duration::from_millis(300)));
+        let who = tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut woken))
+            .await
+            .expect("an answer within 10 s, not after the other request's 60 s");
+        assert_eq!(who, Some(other.clone()));
+        let answers = r.responses(&other, &[]);
+        let health = answers.iter().find(|a| a.id == "health").expect("answer");
+        assert!(health.error.as_deref().is_some_and(|e| e.contains("timeout of 300 ms")), "{health:?}");
+        assert!(asked.elapsed() < Duration::from_secs(5), "answered after {:?}", asked.elapsed());
     }
 
     #[tokio::test]

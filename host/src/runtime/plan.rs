@@ -296,11 +296,20 @@ pub struct RequestLimits {
     pub input_bytes: usize,
     /// The longest timeout a request may ask for.
     pub max_timeout: Duration,
+    /// The shortest interval a poll may ask for (the shipped plugins poll every 2 s, every
+    /// 500 ms while a switchover runs): a poll every 0 ms would be a busy loop through the
+    /// API server.
+    pub min_interval: Duration,
 }
 
 impl Default for RequestLimits {
     fn default() -> Self {
-        Self { per_plan: 32, input_bytes: 64 * 1024, max_timeout: Duration::from_secs(300) }
+        Self {
+            per_plan: 32,
+            input_bytes: 64 * 1024,
+            max_timeout: Duration::from_secs(300),
+            min_interval: Duration::from_millis(500),
+        }
     }
 }
 
@@ -405,6 +414,12 @@ impl PlanRules<'_> {
         self.check_input(&id, input)?;
         let mode = match mode {
             wit::RequestMode::Once => RequestMode::Once,
+            wit::RequestMode::Every(ms) if Duration::from_millis(ms) < self.limits.min_interval => {
+                return Err(self.refused(format!(
+                    "request {id}: mode every {ms} ms; a poll may run at most every {} ms",
+                    self.limits.min_interval.as_millis()
+                )));
+            }
             wit::RequestMode::Every(ms) => RequestMode::Every(Duration::from_millis(ms)),
         };
         Ok(Request { id, mode, timeout, what })

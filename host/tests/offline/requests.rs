@@ -102,12 +102,14 @@ fn requests_the_guardrails_refuse_are_denied_with_the_rule_and_audited() {
 }
 
 #[test]
-fn a_flood_of_requests_or_a_huge_stdin_is_refused_before_policy_with_a_clear_reason_and_audited() {
+fn a_flood_of_requests_a_huge_stdin_or_a_busy_poll_is_refused_before_policy_with_a_clear_reason_and_audited()
+{
     let registry = hostile_registry();
     let audited = Audited::new("refused");
     for (mode, reason) in [
         ("requests-flood", "the plan has 10000 requests; at most 32 are allowed in one plan"),
         ("stdin-10mb", "request x: 10485760 bytes of input (stdin or body); at most 65536 are allowed"),
+        ("poll-every-0", "request x: mode every 0 ms; a poll may run at most every 500 ms"),
     ] {
         let before = audited.records().len();
         let err = render_checked(&registry, &audited.gate, hostile(mode), &[own_pod()], &[], 0)
