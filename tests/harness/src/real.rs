@@ -91,11 +91,7 @@ async fn start() -> anyhow::Result<RealCluster> {
 /// The gate every real-pods test of this process passes, by its [`Weight`].
 fn gate() -> &'static Gate {
     static GATE: std::sync::OnceLock<Gate> = std::sync::OnceLock::new();
-    GATE.get_or_init(|| {
-        let capacity =
-            std::env::var(CAPACITY_ENV).ok().and_then(|c| c.parse().ok()).unwrap_or(DEFAULT_CAPACITY);
-        Gate::new(capacity)
-    })
+    GATE.get_or_init(|| Gate::new(env_or(CAPACITY_ENV, DEFAULT_CAPACITY)))
 }
 
 /// Waits until the gate admits a test of `weight`, for a real-pods test that does not enter
@@ -185,8 +181,9 @@ impl RealPods {
         let mut ran_one = true;
         let verdict = match tokio::time::timeout(limit, run).await {
             Ok(Ok((stdout, status))) => {
-                ran_one = stdout.lines().any(|l| l == "running 1 test");
-                one_test_passed(&stdout).and_then(|()| {
+                let ran = ran_one_test(&stdout);
+                ran_one = ran.is_ok();
+                ran.and_then(|()| it_passed(&stdout)).and_then(|()| {
                     if status.success() {
                         Ok(())
                     } else {
@@ -222,7 +219,12 @@ impl RealPods {
 }
 
 fn test_timeout() -> Duration {
-    std::env::var(TIMEOUT_ENV).ok().and_then(|s| s.parse().ok()).map_or(DEFAULT_TIMEOUT, Duration::from_secs)
+    Duration::from_secs(env_or(TIMEOUT_ENV, DEFAULT_TIMEOUT.as_secs()))
+}
+
+/// The variable `name` parsed, or `default` when it is unset or not a `T`.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// The name libtest runs the calling test under: the name of its thread (a `#[tokio::test]`
@@ -234,15 +236,17 @@ fn current_test() -> anyhow::Result<String> {
     }
 }
 
-/// Whether a test binary's stdout says exactly one test ran and it passed.
-fn one_test_passed(stdout: &str) -> Result<(), String> {
+/// Whether a test binary's stdout says exactly one test ran.
+fn ran_one_test(stdout: &str) -> Result<(), String> {
     let ran = stdout.lines().find_map(|l| l.strip_prefix("running ")).map(|rest| rest.trim());
-    if ran != Some("1 test") {
-        return Err(format!(
-            "the child should run exactly one test, it said \"running {}\"",
-            ran.unwrap_or("?")
-        ));
+    if ran == Some("1 test") {
+        return Ok(());
     }
+    Err(format!("the child should run exactly one test, it said \"running {}\"", ran.unwrap_or("?")))
+}
+
+/// Whether a test binary's stdout says its one test passed.
+fn it_passed(stdout: &str) -> Result<(), String> {
     let result = stdout.lines().find_map(|l| l.strip_prefix("test result: ")).unwrap_or("");
     if result.starts_with("ok. 1 passed; 0 failed;") {
         Ok(())
@@ -279,7 +283,11 @@ pub fn kubectl(kubeconfig: &Path) -> Command {
 
 #[cfg(test)]
 mod tests {
-    use super::one_test_passed;
+    use super::{it_passed, ran_one_test};
+
+    fn one_test_passed(stdout: &str) -> Result<(), String> {
+        ran_one_test(stdout).and_then(|()| it_passed(stdout))
+    }
 
     #[test]
     fn a_child_that_ran_no_test_or_failed_is_no_pass() {

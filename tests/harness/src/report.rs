@@ -82,6 +82,21 @@ pub fn millis(name: &str, ms: u64, at_most: u64) {
     figure(name, ms as f64, "ms", Target::AtMost(at_most as f64));
 }
 
+/// How many times its target a timing may reach before its test fails: a liveness ceiling
+/// (what never comes fails), never a performance claim (a slow one is reported).
+pub const LIVENESS_FACTOR: u64 = 3;
+
+/// Records a duration in milliseconds against its target, and fails the test only past
+/// [`LIVENESS_FACTOR`] times the target.
+pub fn millis_within_liveness(name: &str, ms: u64, target: u64) {
+    millis(name, ms, target);
+    let ceiling = target.saturating_mul(LIVENESS_FACTOR);
+    assert!(
+        ms <= ceiling,
+        "{name}: {ms} ms, past the liveness ceiling of {ceiling} ms ({LIVENESS_FACTOR}x the target of {target} ms)"
+    );
+}
+
 /// Records how long the test `test` took, as run by its harness (the real-pods re-execution).
 pub fn test_duration(test: &str, took: Duration, outcome: &str) {
     let line = json!({

@@ -238,8 +238,7 @@ async fn switchover(env: &TestEnv, old: &str, standbys: &[String]) -> Vec<(u64, 
     // The target. `-rw` moves to the target in the plan that promotes it (1.3 s
     // measured beside other live tests, printed above; 3.6 to 7.3 s when it moved only after
     // the promotion's answer).
-    stateward_testkit::report::millis("pg.switchover.write_gap", gap, 5_000);
-    assert!(gap <= 15_000, "write gap {gap} ms over 15 s (liveness: 3x the target)");
+    stateward_testkit::report::millis_within_liveness("pg.switchover.write_gap", gap, 5_000);
 
     // A switchover to an instance that does not exist is refused, with the reason.
     kubectl_ok(

@@ -350,9 +350,8 @@ async fn fail_over_under_writes(env: &TestEnv, old: &str, replication: &str) -> 
         lost.len(),
         &lost[..lost.len().min(20)],
     );
-    stateward_testkit::report::millis("pg.failover.write_gap", gap, 15_000);
     // Liveness: a failover that never comes fails; a slow one is in the report.
-    assert!(gap <= 45_000, "write gap {gap} ms over 45 s");
+    stateward_testkit::report::millis_within_liveness("pg.failover.write_gap", gap, 15_000);
     Failover { new, deleted, lost }
 }
 

@@ -97,10 +97,12 @@ async fn a_restart_requiring_change_rolls_standbys_first_then_switches_over_then
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     // The one gap is the switchover's, within the 5 s (as in the switchover test); no
     // other restart stops the writer for long.
-    stateward_testkit::report::millis("pg.roll.write_gap", gaps[0], 5_000);
-    stateward_testkit::report::millis("pg.roll.second_write_gap", gaps.get(1).copied().unwrap_or(0), 3_000);
-    assert!(gaps[0] <= 15_000, "write gap {} ms over 15 s (liveness: 3x the target)", gaps[0]);
-    assert!(gaps.get(1).is_none_or(|g| *g <= 9_000), "a second write gap: {:?}", &gaps[..2]);
+    stateward_testkit::report::millis_within_liveness("pg.roll.write_gap", gaps[0], 5_000);
+    stateward_testkit::report::millis_within_liveness(
+        "pg.roll.second_write_gap",
+        gaps.get(1).copied().unwrap_or(0),
+        3_000,
+    );
     eprintln!("realpods-pg: rolling test took {:.1?}", test_started.elapsed());
     drop(op);
 }

@@ -190,8 +190,7 @@ async fn a_lost_standby_rejoins_and_the_cluster_scales_three_five_two_around_its
     assert!(held > 0, "the StatefulSet was never seen held while pg-4 was the primary");
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     assert!(most_rw <= 1, "two writers behind pg-rw");
-    stateward_testkit::report::millis("pg.scale_and_standby_loss.write_gap", gap, 10_000);
-    assert!(gap <= 30_000, "write gap {gap} ms over 30 s (liveness: 3x the target)");
+    stateward_testkit::report::millis_within_liveness("pg.scale_and_standby_loss.write_gap", gap, 10_000);
     eprintln!("realpods-pg: scale and standby-loss test took {:.1?}", test_started.elapsed());
     drop(op);
 }

@@ -343,8 +343,7 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
     // The one write gap is the failover from pod 0 (its shutdown, then the Sentinels'); the
     // Redis issue's bound for a deleted master is 20 s.
     let longest = gaps.first().map_or(0, |g| g.0);
-    stateward_testkit::report::millis("redis.takeover.write_gap", longest, 20_000);
-    assert!(longest <= 60_000, "a write gap of {longest} ms through {name} (liveness: 3x the target)");
+    stateward_testkit::report::millis_within_liveness("redis.takeover.write_gap", longest, 20_000);
     eprintln!("realpods-redis-mig: migration test took {:.1?}", test_started.elapsed());
     drop(op);
 }

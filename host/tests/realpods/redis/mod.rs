@@ -299,12 +299,11 @@ async fn fail_over_from(
     eprintln!("realpods-redis: {what}: {new} acknowledged a write through cache-master {gap:.1?} after it");
     assert_ne!(new, old, "the write went to a new master");
     assert!(replicas.contains(&new), "{new} was a replica");
-    stateward_testkit::report::millis(
+    stateward_testkit::report::millis_within_liveness(
         &format!("redis.failover.write_gap ({what})"),
         gap.as_millis() as u64,
         target.as_millis() as u64,
     );
-    assert!(gap <= target * 3, "write gap {gap:?} over {:?} (liveness: 3x the target)", target * 3);
 
     let readable = keys_readable(env, "cache-master");
     eprintln!("realpods-redis: {what}: {readable}/{KEYS} keys readable through cache-master on {new}");
@@ -589,14 +588,12 @@ async fn rolls_replicas_first_then_switches_over(env: &TestEnv, master: &str) ->
     // The target: write errors only during the failover, at most 5 s (2.0-3.3 s
     // measured over ten runs: the pause, Sentinel's promotion and kube-proxy moving `-master`).
     // Figures; 3 times the target is the liveness ceiling.
-    stateward_testkit::report::millis("redis.roll.write_gap", gaps[0], 5_000);
-    stateward_testkit::report::millis(
+    stateward_testkit::report::millis_within_liveness("redis.roll.write_gap", gaps[0], 5_000);
+    stateward_testkit::report::millis_within_liveness(
         "redis.roll.second_write_gap",
         gaps.get(1).copied().unwrap_or(0),
         3_000,
     );
-    assert!(gaps[0] <= 15_000, "write gap {} ms over 15 s (liveness: 3x the target)", gaps[0]);
-    assert!(gaps.get(1).is_none_or(|g| *g <= 9_000), "a second write gap: {:?}", &gaps[..2]);
     new_master
 }
 
