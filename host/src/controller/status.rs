@@ -47,12 +47,13 @@ pub fn desired(
     let previous = resource.pointer("/status/conditions").and_then(Value::as_array);
     let held = if host.is_none() { previous.and_then(|p| held_condition(p, SWEEP_CONDITION)) } else { None };
     let host = host.or(held.as_ref());
+    let generation = resource.pointer("/metadata/generation").cloned().unwrap_or(json!(0));
     let conditions: Vec<Value> = report
         .conditions
         .iter()
         .filter(|c| host.is_none_or(|h| h.type_ != c.type_))
         .chain(host)
-        .map(|c| condition(c, previous, now))
+        .map(|c| condition(c, previous, now, &generation))
         .collect();
     let mut status = match &report.extra {
         Value::Object(map) => map.clone(),
@@ -60,10 +61,7 @@ pub fn desired(
     };
     status.insert("phase".into(), json!(phase_word(report.phase)));
     status.insert("conditions".into(), Value::Array(conditions));
-    status.insert(
-        "observedGeneration".into(),
-        resource.pointer("/metadata/generation").cloned().unwrap_or(json!(0)),
-    );
+    status.insert("observedGeneration".into(), generation);
     status.insert("plugin".into(), json!(format!("{}@{}", plugin.name, plugin.version)));
     status.insert("pluginDigest".into(), json!(format!("sha256:{}", plugin.digest)));
     // The host's own records are kept as they are, whatever the plugin reported under their
@@ -126,9 +124,10 @@ pub fn degraded(resource: &Value, reason: &str, message: &str, now: &str) -> Val
     };
     let mut conditions: Vec<Value> =
         previous.map(|p| p.iter().filter(|c| c["type"] != "Degraded").cloned().collect()).unwrap_or_default();
-    conditions.push(condition(&degraded, previous, now));
+    let generation = resource.pointer("/metadata/generation").cloned().unwrap_or(json!(0));
+    conditions.push(condition(&degraded, previous, now, &generation));
     status["conditions"] = Value::Array(conditions);
-    status["observedGeneration"] = resource.pointer("/metadata/generation").cloned().unwrap_or(json!(0));
+    status["observedGeneration"] = generation;
     status
 }
 
@@ -147,7 +146,9 @@ fn held_condition(previous: &[Value], type_: &str) -> Option<Condition> {
     Some(Condition { type_: type_.into(), status, reason: text("reason"), message: text("message") })
 }
 
-fn condition(c: &Condition, previous: Option<&Vec<Value>>, now: &str) -> Value {
+/// A condition as written: its transition time kept while its status stays, and the
+/// generation of the spec it was decided for (a reader can tell a stale verdict).
+fn condition(c: &Condition, previous: Option<&Vec<Value>>, now: &str, generation: &Value) -> Value {
     let status = status_word(c.status);
     let since = previous
         .and_then(|p| p.iter().find(|old| old["type"] == c.type_.as_str()))
@@ -160,6 +161,7 @@ fn condition(c: &Condition, previous: Option<&Vec<Value>>, now: &str) -> Value {
         "reason": c.reason,
         "message": c.message,
         "lastTransitionTime": since,
+        "observedGeneration": generation,
     })
 }
 
@@ -210,12 +212,32 @@ mod tests {
         assert!(!differs(&after, &desired), "then nothing to write");
     }
 
+    /// Each condition says which generation of the spec it was decided for.
+    #[test]
+    fn every_condition_carries_the_generation_it_was_decided_for() {
+        let resource = json!({"metadata": {"generation": 7}, "status": {}});
+        let available = Condition {
+            type_: "Available".into(),
+            status: ConditionStatus::True,
+            reason: "AllReplicasReady".into(),
+            message: "3 of 3".into(),
+        };
+        let mut r = report(json!({}));
+        r.conditions = vec![available];
+        let d = desired(&resource, &r, None, &stamp(), "now");
+        assert_eq!(d["conditions"][0]["observedGeneration"], 7, "{d}");
+        assert_eq!(d["observedGeneration"], 7);
+        let failed = degraded(&resource, "PluginFailed", "trap", "now");
+        assert_eq!(failed["conditions"][0]["observedGeneration"], 7, "{failed}");
+    }
+
     /// A new leader has no sweep finding yet: the stored verdict stays, transition time and all,
     /// so a restarted operator writes nothing; a finding replaces it.
     #[test]
     fn the_sweeps_last_verdict_holds_until_the_sweep_decides() {
         let verdict = json!({"type": "PolicyCompliant", "status": "False", "reason": "PolicyViolation",
-                             "message": "no-latest: image tag latest", "lastTransitionTime": "then"});
+                             "message": "no-latest: image tag latest", "lastTransitionTime": "then",
+                             "observedGeneration": 0});
         let stored = json!({"status": {
             "phase": "Running", "conditions": [verdict], "observedGeneration": 0, "plugin": "p@1", "pluginDigest": "sha256:d",
         }});

@@ -50,7 +50,9 @@ impl Kind {
         self.api_with(&env.client, namespace)
     }
 
-    /// A small manifest of this kind (no deletionProtection, so tests can delete it).
+    /// A small manifest of this kind (no deletionProtection, so tests can delete it). Its
+    /// creation does not wait for redundancy: kwok's pods run no server, so no copy ever
+    /// answers (the real-pods tests wait for it).
     pub fn manifest(&self, name: &str, replicas: u32, retention: &str) -> Value {
         serde_json::json!({
             "apiVersion": "stateward.dev/v1",
@@ -59,6 +61,7 @@ impl Kind {
             "spec": {
                 "version": self.version,
                 "replicas": replicas,
+                "waitForRedundancy": false,
                 "storage": { "size": self.storage },
                 "retentionPolicy": retention,
                 "resources": {

@@ -615,6 +615,14 @@ fn api_calls_in_host_src_match_the_table() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// deploy/samples/redis.yaml as a cluster without servers can serve it: kwok's pods run none,
+/// so no replica ever answers linked, and creation must not wait for redundancy.
+fn sample_without_servers() -> anyhow::Result<String> {
+    let sample = std::fs::read_to_string(root().join("deploy/samples/redis.yaml"))?;
+    ensure!(sample.contains("\nspec:\n"), "the sample has no spec: {sample}");
+    Ok(sample.replace("\nspec:\n", "\nspec:\n  waitForRedundancy: false\n"))
+}
+
 fn kubectl_output(mut cmd: Command, stdin: Option<&str>) -> anyhow::Result<String> {
     let out = stateward_testkit::run_kubectl(&mut cmd, stdin)
         .context("running kubectl (build it with tests/cluster/build)")?;
@@ -1117,8 +1125,8 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
     let (mut operator, _dir) = start_operator(env, plugins).await?;
 
     let mut cmd = env.kubectl();
-    cmd.args(["-n", &ns, "apply", "-f"]).arg(root().join("deploy/samples/redis.yaml"));
-    kubectl_output(cmd, None)?;
+    cmd.args(["-n", &ns, "apply", "-f", "-"]);
+    kubectl_output(cmd, Some(&sample_without_servers()?))?;
     let applied = Instant::now();
     let crs = redis_api(env);
     let deadline = Duration::from_secs(240);

@@ -9,6 +9,7 @@
 use serde_json::{json, Map, Value};
 use stateward_sdk::builders::Ctx;
 use stateward_sdk::live::{response, Health, Live, LiveInput, Reading, Threshold};
+use stateward_sdk::redundancy::Redundancy;
 use stateward_sdk::{Action, HttpRequest, HttpTarget, HttpTls, RequestMode, SecretBasicAuth};
 
 use crate::spec::{distribution, node_sets, Distribution};
@@ -102,6 +103,7 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     live.actions.push(poll(HEALTH_ID, "/_cluster/health", every));
     live.actions.push(poll(NODES_ID, "/_nodes?filter_path=nodes.*.name,nodes.*.roles", POLL_MS));
     live.requeue_after_ms = Some(every);
+    let nodes: u64 = node_sets(ctx.cluster).iter().map(|s| s.count.max(0) as u64).sum();
     if formed.is_some() {
         drain::drain(ctx, input, &mut live, &ask);
         let seen = response(input.responses, HEALTH_ID).filter(|a| a.succeeded()).and_then(|a| {
@@ -112,7 +114,6 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
                 at_ms: a.started_at_ms,
             })
         });
-        let nodes = node_sets(ctx.cluster).iter().map(|s| s.count.max(0) as u64).sum();
         let quiet = drain::leaving(ctx, input).is_empty();
         roll::roll(ctx, input, &mut live, &ask, seen.as_ref(), nodes, quiet);
     }
@@ -121,7 +122,11 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
             live.status.insert("nodes".into(), Value::Array(node_roles(&v)));
         }
     }
-    let Some(answer) = response(input.responses, HEALTH_ID) else {
+    let answer = response(input.responses, HEALTH_ID);
+    let health_answer =
+        answer.map(|a| serde_json::from_str::<Value>(&a.stdout).ok().filter(|_| a.succeeded()));
+    live.redundancy = Some(redundancy(health_answer.as_ref(), nodes));
+    let Some(answer) = answer else {
         // Asked, no answer yet (a new leader): the last health read and its check's streaks
         // stay, over the base status's "unknown", until the answer (the SDK holds the
         // ServiceHealthy verdict).
@@ -132,8 +137,7 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         }
         return live;
     };
-    let health: Option<Value> =
-        serde_json::from_str(&answer.stdout).ok().filter(|_: &Value| answer.succeeded());
+    let health = health_answer.flatten();
     let mut readings = Vec::new();
     match health {
         Some(h) => {
@@ -190,6 +194,30 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     live.conditions.push(checks.condition());
     live.status.insert("health".into(), Value::Object(checks.streaks));
     live
+}
+
+/// Redundancy from the last health answer (None: none yet; Some(None): no health in it) for a
+/// cluster of `nodes` nodes: green (every replica shard assigned) with every node joined. A
+/// single node never is: its shards' replicas have nowhere to go.
+pub fn redundancy(health: Option<&Option<Value>>, nodes: u64) -> Redundancy {
+    if nodes <= 1 {
+        return Redundancy::not_promised("a single node holds the only copy of every shard");
+    }
+    let Some(answer) = health else { return Redundancy::unknown("the cluster has not answered yet") };
+    let Some(h) = answer else { return Redundancy::lacking("NoHealth", "the cluster's health is not known") };
+    let status = h["status"].as_str().unwrap_or("unknown");
+    let joined = h["number_of_nodes"].as_u64().unwrap_or(0);
+    let unassigned = h["unassigned_shards"].as_u64().unwrap_or(0);
+    if status != "green" {
+        return Redundancy::lacking(
+            "ShardCopiesUnassigned",
+            format!("cluster health {status}: {unassigned} shard copies unassigned"),
+        );
+    }
+    if joined < nodes {
+        return Redundancy::lacking("NodesMissing", format!("{joined} of {nodes} nodes joined"));
+    }
+    Redundancy::redundant(format!("cluster health green: every shard copy assigned on {joined} nodes"))
 }
 
 /// `{name, roles}` of each node from a `GET /_nodes` answer, by name.

@@ -795,3 +795,23 @@ fn an_unformed_cluster_rolls_by_readiness_one_node_at_a_time() {
     let p = Elasticsearch::reconcile(tk::observed(&cr, &children)).unwrap();
     assert!(deleted(&p).is_empty());
 }
+
+/// `Redundant`: green with every node joined; yellow names its unassigned copies; a single node
+/// never is, and says why.
+#[test]
+fn redundancy_is_green_health_with_every_node_joined() {
+    use crate::live::redundancy;
+    use stateward_sdk::redundancy::Verdict;
+    let h = |status: &str, nodes: u64, unassigned: u64| {
+        Some(json!({ "status": status, "number_of_nodes": nodes, "unassigned_shards": unassigned }))
+    };
+    assert_eq!(redundancy(Some(&h("green", 3, 0)), 3).verdict, Verdict::Redundant);
+    let yellow = redundancy(Some(&h("yellow", 3, 4)), 3);
+    assert_eq!((yellow.verdict, yellow.reason.as_str()), (Verdict::Lacking, "ShardCopiesUnassigned"));
+    assert!(yellow.message.contains("4 shard copies unassigned"), "{yellow:?}");
+    assert_eq!(redundancy(Some(&h("green", 2, 0)), 3).reason, "NodesMissing");
+    assert_eq!(redundancy(None, 3).verdict, Verdict::Unknown);
+    assert_eq!(redundancy(Some(&None), 3).reason, "NoHealth");
+    let single = redundancy(Some(&h("green", 1, 0)), 1);
+    assert_eq!((single.verdict, single.reason.as_str()), (Verdict::NotPromised, "SingleMember"));
+}

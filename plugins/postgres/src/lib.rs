@@ -12,6 +12,7 @@ pub mod bootstrap;
 mod config;
 pub mod ha;
 pub mod live;
+pub mod redundancy;
 pub mod roll;
 pub mod spec;
 pub mod topology;

@@ -356,6 +356,10 @@ pub fn live(ctx: &Ctx, input: &LiveInput) -> Live {
         }));
     }
 
+    let want = usize::try_from(ctx.cluster.spec.replicas - 1).unwrap_or(0);
+    let sync = spec::synchronous(input.resource);
+    let was = stateward_sdk::redundancy::was_redundant(input.status);
+    live.redundancy = Some(crate::redundancy::verdict(&members, confirmed, want, sync.as_ref(), was));
     live.events.extend(d.events.iter().cloned());
     live.status.extend(st.to_status());
     if let Some(c) = &d.condition {

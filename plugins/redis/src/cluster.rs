@@ -75,6 +75,8 @@ pub struct View {
     /// `min-replicas-to-write` is set (`INFO replication` says `min_slaves_good_slaves`): what
     /// fencing sets.
     pub writes_held: bool,
+    /// A replica whose link to its master is up (`master_link_status:up`): it holds a copy.
+    pub link_up: bool,
 }
 
 impl View {
@@ -108,6 +110,10 @@ pub fn parse(out: &str) -> Option<View> {
     for line in out.lines().map(|l| l.trim_end_matches('\r')) {
         if line.starts_with("min_slaves_good_slaves:") {
             v.writes_held = true;
+            continue;
+        }
+        if line == "master_link_status:up" {
+            v.link_up = true;
             continue;
         }
         if let Some((k, val)) = line.split_once(':').filter(|(k, _)| k.starts_with("cluster_")) {

@@ -12,6 +12,7 @@ pub mod cluster;
 mod config;
 pub mod entrypoint;
 pub mod live;
+pub mod redundancy;
 pub mod roles;
 pub mod roll;
 pub mod sentinel;
@@ -151,6 +152,10 @@ impl Blueprint for Redis {
         let mut m = spec::schema();
         m.extend(acl::schema());
         m
+    }
+
+    fn default_replicas(spec: &Value) -> i64 {
+        spec::default_replicas(spec)
     }
 
     fn validate_spec(spec: &Value, cluster: &Cluster) -> Vec<FieldError> {

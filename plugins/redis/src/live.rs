@@ -12,10 +12,11 @@ use stateward_sdk::fence;
 use stateward_sdk::live::{
     failure, poll_exec, response, Live, LiveInput, PodView, Reading, Threshold, NO_ANSWER_YET,
 };
+use stateward_sdk::redundancy::Verdict;
 use stateward_sdk::{Action, Event, EventType, ExecRequest, PodLabels, RequestMode};
 
 use crate::roles::{self, Info, Member, SentinelView};
-use crate::{cluster, roll, switchover};
+use crate::{cluster, redundancy, roll, switchover};
 use crate::{sentinel, spec, topology};
 
 /// How often each pod is asked: the labels the Services select on follow these answers.
@@ -347,6 +348,9 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
             live.events.push(event);
         }
     }
+    let want = if replication { usize::try_from(ctx.cluster.spec.replicas - 1).unwrap_or(0) } else { 0 };
+    let was = stateward_sdk::redundancy::was_redundant(input.status);
+    live.redundancy = Some(redundancy::replication(&redundancy_pods(input), &members, &d, want, was));
     live.conditions.push(d.condition.clone());
     live.events.extend(d.events.iter().cloned());
     if input.pods.is_empty() {
@@ -385,6 +389,18 @@ fn sentinel_reset(input: &LiveInput, members: &[Member], replicas: i64) -> Optio
     let (pod, n) = known.into_iter().find(|(_, n)| *n > expected)?;
     let id = format!("{}-n{n}", request_id("sentinel-reset", pod));
     Some(ask_sentinel(id, &pod.name, &["sentinel", "reset", sentinel::MASTER_NAME]))
+}
+
+/// Every pod as the redundancy verdict sees it: asked when its server is polled.
+fn redundancy_pods(input: &LiveInput) -> Vec<redundancy::Pod> {
+    input
+        .pods
+        .iter()
+        .map(|p| {
+            let asked = p.can_exec("redis") && !p.deleting;
+            redundancy::Pod { name: p.name.clone(), ready: asked && p.ready, asked }
+        })
+        .collect()
 }
 
 /// A one-shot `redis-cli` to the Sentinel beside the server in `pod`.
@@ -725,6 +741,23 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     if !formation_error.is_empty() && !formed {
         status["formationError"] = json!(formation_error);
     }
+    let r = redundancy::cluster(
+        &redundancy_pods(input),
+        &members,
+        &d,
+        usize::try_from(shards).unwrap_or(0),
+        usize::try_from(per_shard).unwrap_or(0),
+    );
+    // Beside `formed`: every shard's promised replicas linked (kept while not known yet).
+    let linked = match r.verdict {
+        Verdict::Redundant => true,
+        Verdict::Unknown => {
+            recorded.and_then(|c| c.get("replicasLinked")).and_then(Value::as_bool).unwrap_or(false)
+        }
+        Verdict::Lacking | Verdict::NotPromised => false,
+    };
+    status["replicasLinked"] = json!(linked);
+    live.redundancy = Some(r);
     live.status.insert("cluster".into(), status);
     let instances = members
         .iter()

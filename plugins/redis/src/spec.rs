@@ -30,6 +30,17 @@ pub fn cluster_shape(spec: &Value) -> (i64, i64) {
     (field("shards").unwrap_or(0), field("replicasPerShard").unwrap_or(DEFAULT_REPLICAS_PER_SHARD))
 }
 
+/// `spec.replicas` when the spec does not set it: in cluster mode the pods `spec.cluster`
+/// makes (shards × (1 master + replicas per shard)), else the SDK's default.
+pub fn default_replicas(spec: &Value) -> i64 {
+    match cluster_shape(spec) {
+        (shards, per) if spec.get("mode").and_then(Value::as_str) == Some(CLUSTER) && shards > 0 => {
+            shards.saturating_mul(per.saturating_add(1))
+        }
+        _ => stateward_sdk::spec::DEFAULT_REPLICAS,
+    }
+}
+
 /// Fewest pods for replication mode (see the module's comment).
 pub const MIN_REPLICATION_PODS: i64 = 3;
 

@@ -9,6 +9,7 @@ use super::Redis;
 
 mod acl;
 mod cluster;
+mod redundancy;
 mod roles;
 mod roll;
 mod scripts;

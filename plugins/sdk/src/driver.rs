@@ -9,10 +9,13 @@ use crate::builders::volumes;
 use crate::builders::{Ctx, MemberSet, DATA_VOLUME, INSTANCE_LABEL, TEMPLATE_HASH_ANNOTATION};
 use crate::json::{fnv1a, str_at, to_text};
 use crate::params::{check_parameters, ParamRule};
-use crate::spec::{parse_cluster, parse_object, parse_quantity, version_numbers, Cluster, Retention};
+use crate::spec::{
+    parse_cluster, parse_object, parse_quantity, version_numbers, Cluster, Retention, MAX_REPLICAS,
+    MIN_REPLICAS,
+};
 use crate::status::{
     combine, cond, condition_status, derive, find_child, invalid_spec, kept_fields, paused, phase_event,
-    was_paused, Derived, HIBERNATED_CONDITION,
+    was_paused, Derived, HIBERNATED_CONDITION, REQUEUE_PROGRESSING_MS,
 };
 use crate::types::*;
 use crate::{schema, Service};
@@ -128,6 +131,11 @@ pub trait Blueprint {
     fn live(_ctx: &Ctx, _input: &crate::live::LiveInput) -> crate::live::Live {
         crate::live::Live::default()
     }
+    /// `spec.replicas` when the spec does not set it: the CRD sets no default, as the number
+    /// may follow from other fields (Redis Cluster's shards and replicas per shard).
+    fn default_replicas(_spec: &Value) -> i64 {
+        crate::spec::DEFAULT_REPLICAS
+    }
     /// Service-specific update rules (e.g. scale-down limits).
     fn validate_update(_new: &Cluster, _old: &Cluster) -> Vec<FieldError> {
         Vec::new()
@@ -210,8 +218,21 @@ fn parse_value<B: Blueprint>(obj: &Value) -> Result<Cluster, Vec<FieldError>> {
         }
     }
     match parse_cluster(obj) {
-        Ok(cluster) => {
-            errs.extend(B::validate_spec(obj.get("spec").unwrap_or(&Value::Null), &cluster));
+        Ok(mut cluster) => {
+            let spec = obj.get("spec").unwrap_or(&Value::Null);
+            if spec.get("replicas").is_none() {
+                cluster.spec.replicas = B::default_replicas(spec);
+                if !(MIN_REPLICAS..=MAX_REPLICAS).contains(&cluster.spec.replicas) {
+                    errs.push(FieldError::new(
+                        "spec.replicas",
+                        format!(
+                            "is not set, and the {} members the spec makes are outside {MIN_REPLICAS}..={MAX_REPLICAS}",
+                            cluster.spec.replicas
+                        ),
+                    ));
+                }
+            }
+            errs.extend(B::validate_spec(spec, &cluster));
             if !cluster.fenced.is_empty() && errs.is_empty() {
                 let c = ctx::<B>(&cluster);
                 let members: Vec<String> = B::member_sets(&c)
@@ -245,7 +266,22 @@ pub fn validate<B: Blueprint>(new_text: &str, old_text: Option<&str>) -> Vec<Fie
     let spec_of =
         |text: &str| parse_object(text).ok().and_then(|o| o.get("spec").cloned()).unwrap_or_default();
     if let Some(old_text) = old_text {
-        errs.extend(B::validate_spec_update(&spec_of(new_text), &spec_of(old_text)));
+        let (new_spec, old_spec) = (spec_of(new_text), spec_of(old_text));
+        errs.extend(B::validate_spec_update(&new_spec, &old_spec));
+        // Unsetting the number must not change it behind the scale rules' back (the admission
+        // policy compares the two numbers written).
+        if new_spec.get("replicas").is_none()
+            && old_spec.get("replicas").is_some()
+            && new.spec.replicas != old.spec.replicas
+        {
+            errs.push(FieldError::new(
+                "spec.replicas",
+                format!(
+                    "removing it would change the number of members from {} to {}: set the number wanted",
+                    old.spec.replicas, new.spec.replicas
+                ),
+            ));
+        }
     }
     if new.spec.storage.class_name != old.spec.storage.class_name {
         errs.push(FieldError::new("spec.storage.className", "is immutable"));
@@ -488,6 +524,22 @@ pub fn reconcile<B: Blueprint>(input: &Observed) -> Result<Plan, String> {
                 message,
             };
         }
+    }
+    if let Some(r) = live.redundancy.take() {
+        let r = r.held(obj.get("status"));
+        let waits = cluster.spec.wait_for_redundancy;
+        if waits
+            && crate::redundancy::hold_creation(
+                &mut d.phase,
+                &mut d.conditions,
+                cluster.last_phase.as_deref(),
+                &r,
+            )
+        {
+            d.requeue_after_ms =
+                Some(d.requeue_after_ms.map_or(REQUEUE_PROGRESSING_MS, |ms| ms.min(REQUEUE_PROGRESSING_MS)));
+        }
+        live.conditions.push(r.condition());
     }
     let mut events: Vec<Event> = phase_event(cluster.last_phase.as_deref(), d.phase).into_iter().collect();
     if was_paused(obj.get("status")) {

@@ -12,6 +12,7 @@ pub mod fence;
 pub mod json;
 pub mod live;
 pub mod params;
+pub mod redundancy;
 pub mod scheduling;
 pub mod schema;
 pub mod spec;

@@ -324,6 +324,8 @@ pub struct Live {
     pub hold_replicas: Option<i64>,
     /// The same for a named member set (see `MemberSet`), by its set name.
     pub hold_sets: std::collections::BTreeMap<String, i64>,
+    /// Whether the copies the spec promises exist (None: the plugin does not judge it).
+    pub redundancy: Option<crate::redundancy::Redundancy>,
 }
 
 impl Live {

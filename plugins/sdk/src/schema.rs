@@ -3,7 +3,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::json::to_text;
-use crate::spec::{DEFAULT_REPLICAS, MAX_REPLICAS, MIN_REPLICAS, VERSION_PATTERN};
+use crate::spec::{MAX_REPLICAS, MIN_REPLICAS, VERSION_PATTERN};
 use crate::types::{CrdVersion, KindInfo, Phase};
 
 /// The API group of every stateward kind.
@@ -39,7 +39,8 @@ fn common_spec_properties() -> Map<String, Value> {
         "replicas".into(),
         json!({
             "type": "integer", "format": "int32",
-            "minimum": MIN_REPLICAS, "maximum": MAX_REPLICAS, "default": DEFAULT_REPLICAS,
+            "minimum": MIN_REPLICAS, "maximum": MAX_REPLICAS,
+            "description": "Members (pods) of the cluster. Unset: 3, or the number the service's own fields make (e.g. shards × members per shard).",
         }),
     );
     p.insert(
@@ -51,6 +52,15 @@ fn common_spec_properties() -> Map<String, Value> {
         json!({
             "type": "string", "enum": ["Retain", "Delete"], "default": "Retain",
             "description": "What happens to the volumes when the cluster is deleted.",
+        }),
+    );
+    p.insert(
+        "waitForRedundancy".into(),
+        json!({
+            "type": "boolean",
+            "description": "Whether a new cluster becomes Running and Available only once the copies it promises exist \
+                            (every replica linked, every standby streaming, every shard copy assigned). Default true; \
+                            false: as soon as its members are ready.",
         }),
     );
     p.insert(
@@ -168,7 +178,8 @@ fn object(spec: Value, status: Value) -> Value {
     })
 }
 
-/// `additionalPrinterColumns`: Phase, Ready, Version, Age; `-o wide` adds the conditions.
+/// `additionalPrinterColumns`: Phase, Ready, Version, Age; `-o wide` adds the conditions
+/// (`Available`: the service answers; `Redundant`: losing a member loses nothing).
 pub fn printer_columns() -> Value {
     let cond = |t: &str| {
         json!({
@@ -184,6 +195,7 @@ pub fn printer_columns() -> Value {
         cond("Available"),
         cond("Progressing"),
         cond("Degraded"),
+        cond("Redundant"),
     ])
 }
 

@@ -16,7 +16,8 @@ pub const MAX_NAME_LEN: usize = 40;
 pub const MIN_REPLICAS: i64 = 1;
 /// See [`MIN_REPLICAS`].
 pub const MAX_REPLICAS: i64 = 50;
-/// Replicas when the spec omits them (the schema default is the same).
+/// Replicas when the spec omits them and the plugin derives no other number (the CRD sets no
+/// default: see `Blueprint::default_replicas`).
 pub const DEFAULT_REPLICAS: i64 = 3;
 
 /// What happens to the volumes when the cluster is deleted.
@@ -73,6 +74,9 @@ pub struct ClusterSpec {
     pub paused: bool,
     /// `spec.hibernate`: every pod stopped, volumes and Secrets kept, until it is false again.
     pub hibernate: bool,
+    /// `spec.waitForRedundancy` (default true): creation ends (phase Running, `Available`)
+    /// only once the copies the spec promises exist (see `crate::redundancy`).
+    pub wait_for_redundancy: bool,
     pub parameters: BTreeMap<String, String>,
     /// The whole `spec` as given, for the plugin's own fields (`Blueprint::spec_extra_schema`,
     /// checked by `Blueprint::validate_spec` before a reconcile sees them).
@@ -187,6 +191,10 @@ pub fn parse_cluster(obj: &Value) -> Result<Cluster, Vec<FieldError>> {
     let deletion_protection = opt_bool(spec, "deletionProtection", &mut errs);
     let paused = opt_bool(spec, "paused", &mut errs);
     let hibernate = opt_bool(spec, "hibernate", &mut errs);
+    let wait_for_redundancy = match spec.get("waitForRedundancy") {
+        None | Some(Value::Null) => true,
+        Some(_) => opt_bool(spec, "waitForRedundancy", &mut errs),
+    };
     let restarted_at = restarted_at(obj, &mut errs);
     let fenced = crate::fence::parse(obj, &mut errs);
     let mut parameters = BTreeMap::new();
@@ -225,6 +233,7 @@ pub fn parse_cluster(obj: &Value) -> Result<Cluster, Vec<FieldError>> {
             deletion_protection,
             paused,
             hibernate,
+            wait_for_redundancy,
             parameters,
             raw: spec.clone(),
         },

@@ -201,7 +201,7 @@ macro_rules! plugin_suite {
                     let cols: Value = serde_json::from_str(&v.printer_columns).unwrap();
                     let wide: Vec<&str> = cols.as_array().unwrap().iter()
                         .filter(|c| c["priority"] == 1).map(|c| c["name"].as_str().unwrap()).collect();
-                    assert_eq!(wide, ["Available", "Progressing", "Degraded"]);
+                    assert_eq!(wide, ["Available", "Progressing", "Degraded", "Redundant"]);
                 }
                 let v1: Value = serde_json::from_str(&k.versions[1].schema).unwrap();
                 assert_eq!(

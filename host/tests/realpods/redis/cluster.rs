@@ -1,13 +1,10 @@
-//! Must show 2: cluster mode, 3 shards × 1 replica. The plugin forms the cluster (all 16384
-//! slots), 1000 keys spread over every shard; the switchover annotation makes a replica its
-//! shard's master with every key (and names no pod outside the cluster); a master's pod
-//! deleted → its replica takes over within 20 s with every key; all three masters deleted at
-//! once (no master is left to vote a replica in: they come back from their volumes) → ok again
-//! with every key; all six pods deleted at once (every address changes, so no node can find
-//! another by itself) → ok again with every key, the plugin's `CLUSTER MEET` reconnecting them.
-//! Must show 3: a fourth shard added (an even share of the slots and their keys moved to it)
-//! and removed again (its slots and keys moved off first), under a writer that follows
-//! MOVED/ASK redirections: every acknowledged write readable after, no other error.
+//! Cluster mode, 3 shards × 1 replica, `spec.replicas` left out. Created as a new user would
+//! (wait for Available, write 1000 keys, lose a master at once): Available comes only once
+//! every replica is linked, so every key stays; then a switchover, all masters and all pods
+//! deleted, each with every key (see the test). Then a fourth shard added (an even share of the
+//! slots and their keys moved to it) and removed again (its slots and keys moved off first),
+//! under a writer that follows MOVED/ASK redirections: every acknowledged write readable after,
+//! no other error.
 
 use super::*;
 
@@ -120,22 +117,96 @@ fn first_cluster_write(env: &TestEnv, key: &str, limit_s: u64) -> Option<u64> {
     out.trim().parse().ok()
 }
 
+/// In the client pod, from now on: every 200 ms, how many of the six servers say their link to
+/// a master is up, as `<ms since the epoch> <count>` lines in /tmp/links; prints its pid.
+const LINK_SAMPLER: &str = "nohup sh -c 'while :; do t=$(date +%s%3N); \
+    n=$( (for i in 0 1 2 3 4 5; do (timeout 1 redis-cli -h shop-$i.shop-headless INFO replication 2>/dev/null \
+         | grep -c \"^master_link_status:up\") & done; wait) | awk \"{ s += \\$1 } END { print s + 0 }\"); \
+    echo \"$t $n\"; sleep 0.2; done' >/tmp/links 2>/dev/null </dev/null & echo $!";
+
+/// The sampler's lines: (ms since the epoch, replicas linked).
+fn link_samples(env: &TestEnv) -> Vec<(u64, u32)> {
+    client_sh(env, "cat /tmp/links")
+        .lines()
+        .filter_map(|l| {
+            let (t, n) = l.split_once(' ')?;
+            Some((t.parse().ok()?, n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Polls the resource every 200 ms, as a user's `kubectl wait --for=condition=Available` would,
+/// until Available is True; the time it was first seen so (ms since the epoch) and the resource.
+async fn first_available(env: &TestEnv, name: &str, timeout: Duration) -> (u64, Value) {
+    let api = REDIS.api(env);
+    let started = Instant::now();
+    loop {
+        if let Some(cr) = get_cr(&api, name).await {
+            if e2e::condition(&cr, "Available") == Some("True") {
+                return (now_ms(), cr);
+            }
+            assert!(started.elapsed() < timeout, "{name} not Available within {timeout:?}: {}", summary(&cr));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A new user's cluster: `spec.replicas` left out (3 shards × (1 + 1) = 6 pods), Available
+/// waited for and nothing else, then 1000 keys and a master lost at once: every key stays,
+/// because Available came only once every replica was linked (sampled every 200 ms by the
+/// test's own client). Then the switchover annotation makes a replica its shard's master with
+/// every key (and names no pod outside the cluster); all three masters deleted at once (no
+/// master is left to vote a replica in: they come back from their volumes) → ok again with
+/// every key; all six pods deleted at once (every address changes, so no node can find another
+/// by itself) → ok again with every key, the plugin's `CLUSTER MEET` reconnecting them.
 #[tokio::test]
 async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() {
     let Some((env, op)) = enter_with_operator("rp-rclu", "realpods-rclu").await else {
         return;
     };
     let mut cr = sample("RedisCluster", "shop", REDIS_IMAGE, 6);
+    cr["spec"].as_object_mut().expect("spec").remove("replicas");
     cr["spec"]["mode"] = json!("cluster");
     cr["spec"]["cluster"] = json!({ "shards": 3, "replicasPerShard": 1 });
     let created = Instant::now();
+    let created_ms = now_ms();
     e2e::apply(&env, &env.namespace, &cr);
     super::super::apply_json(&env, &[client_pod("shop", &[])]);
-    let (sh, _) = wait_cluster_ok(&env, "formation", Duration::from_secs(300)).await;
-    let formed = created.elapsed();
     pod_ready(&env, "client", Duration::from_secs(60)).await;
-    // Replicas follow masters on other pods.
-    assert!(sh.iter().all(|(m, r)| !r.contains(m)), "{sh:?}");
+    let sampler = client_sh(&env, LINK_SAMPLER);
+    let (available_ms, at_available) = first_available(&env, "shop", Duration::from_secs(300)).await;
+    let samples = link_samples(&env);
+    client_sh(&env, &format!("kill {}", sampler.trim()));
+    let first = samples.first().map_or(u64::MAX, |s| s.0);
+    assert!(
+        first < available_ms,
+        "the sampler ran from before Available ({first} vs {available_ms}): {samples:?}"
+    );
+    let at = samples.iter().find(|(t, _)| *t >= available_ms);
+    let linked_ms = samples.iter().find(|(_, n)| *n >= 3).map(|s| s.0);
+    eprintln!(
+        "realpods-redis: cluster: Available {} ms after create, the 3 replicas linked {:?} ms after; sample at Available {at:?}",
+        available_ms - created_ms,
+        linked_ms.map(|l| l.saturating_sub(created_ms))
+    );
+    assert!(
+        at.is_some_and(|(_, n)| *n == 3),
+        "Available while a replica was not linked: the sample at or after it says {at:?}; samples {samples:?}"
+    );
+    assert_eq!(e2e::condition(&at_available, "Redundant"), Some("True"), "{}", summary(&at_available));
+    assert_eq!(at_available.pointer("/status/cluster/replicasLinked"), Some(&json!(true)));
+    assert_eq!(at_available["spec"].get("replicas"), None, "no default was written into the spec");
+    let formed = created.elapsed();
+    stateward_testkit::report::seconds("redis.cluster.available_after_create", formed, None);
+    if let Some(l) = linked_ms {
+        stateward_testkit::report::millis(
+            "redis.cluster.available_after_replicas_linked",
+            available_ms.saturating_sub(l),
+            5_000,
+        );
+    }
+
+    // At once: 1000 keys through the cluster's Service, then the first shard's master lost.
     let written = client_sh(
         &env,
         &format!(
@@ -143,6 +214,39 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
         ),
     );
     assert_eq!(written.trim(), KEYS.to_string(), "SETs acknowledged through shop with -c");
+    let sh = shards(&at_available);
+    assert_eq!(sh.len(), 3, "{}", summary(&at_available));
+    assert!(
+        sh.iter().all(|(m, r)| r.len() == 1 && !r.contains(m)),
+        "replicas follow masters on other pods: {sh:?}"
+    );
+    let (victim, heir) = (sh[0].0.clone(), sh[0].1[0].clone());
+    let key = client_sh(&env, &format!("redis-cli -h {victim}.shop-headless RANDOMKEY"));
+    let key = key.trim().to_string();
+    assert!(key.starts_with("key:"), "a key on {victim}: {key:?}");
+    let fault_ms = now_ms();
+    kubectl_ok(&env, &["delete", "pod", &victim, "--grace-period=0", "--force", "--wait=false"]);
+    // A key of the same slot (the hash tag), so that the data keys keep their values.
+    let probe = format!("probe{{{key}}}");
+    let acked =
+        first_cluster_write(&env, &probe, 60).unwrap_or_else(|| panic!("{probe} not writable within 60 s"));
+    let gap = Duration::from_millis(acked.saturating_sub(fault_ms));
+    let readable = cluster_keys_readable(&env);
+    let (sh, back) = wait_cluster_ok(&env, "a master deleted", Duration::from_secs(180)).await;
+    eprintln!(
+        "realpods-redis: cluster: master {victim} deleted right after Available and 1000 keys: {probe} (the slot of {key}) \
+         written again {gap:.1?} after; {readable}/{KEYS} keys; ok again with {victim} back as a replica {back:.1?} later: shards {sh:?}"
+    );
+    assert_eq!(readable, KEYS, "a master lost right after Available loses no acknowledged key");
+    assert!(
+        sh.iter().any(|(m, r)| *m == heir && r.as_slice() == std::slice::from_ref(&victim)),
+        "{heir} took over, {victim} follows it"
+    );
+    stateward_testkit::report::millis_within_liveness(
+        "redis.cluster.master_lost.write_gap",
+        gap.as_millis() as u64,
+        20_000,
+    );
     let per_master: Vec<(String, usize)> = sh
         .iter()
         .map(|(m, _)| {
@@ -150,15 +254,12 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
             (m.clone(), n.trim().parse().unwrap_or(0))
         })
         .collect();
-    eprintln!("realpods-redis: cluster formed {formed:.1?} after create: shards {sh:?}; keys per master {per_master:?}");
-    stateward_testkit::report::seconds("redis.cluster.formed_after_create", formed, None);
+    eprintln!("realpods-redis: cluster: keys per master {per_master:?}");
     assert!(per_master.iter().all(|(_, n)| *n > 0), "every shard holds keys: {per_master:?}");
-    assert_eq!(per_master.iter().map(|(_, n)| n).sum::<usize>(), KEYS);
-    assert_eq!(cluster_keys_readable(&env), KEYS);
 
-    // The switchover annotation: the replica of the first shard takes it over (`CLUSTER
-    // FAILOVER`, its master holding its clients until it has every write); a pod that is not
-    // one of the cluster's is refused.
+    // The switchover annotation: the replica of a shard takes it over (`CLUSTER FAILOVER`, its
+    // master holding its clients until it has every write); a pod that is not one of the
+    // cluster's is refused.
     let (old, to) = (sh[0].0.clone(), sh[0].1[0].clone());
     let asked = Instant::now();
     let done = super::switch_over_to(&env, "shop", &to).await;
@@ -189,32 +290,7 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     })
     .await;
     assert!(refused.contains("not a pod of this cluster"), "{refused}");
-
-    // One master's pod deleted: its replica takes over.
-    let (victim, heir) = (sh[0].0.clone(), sh[0].1[0].clone());
-    let key = client_sh(&env, &format!("redis-cli -h {victim}.shop-headless RANDOMKEY"));
-    let key = key.trim().to_string();
-    assert!(key.starts_with("key:"), "a key on {victim}: {key:?}");
-    let fault_ms = now_ms();
-    kubectl_ok(&env, &["delete", "pod", &victim, "--grace-period=0", "--force", "--wait=false"]);
-    // A key of the same slot (the hash tag), so that the data keys keep their values.
-    let probe = format!("probe{{{key}}}");
-    let acked =
-        first_cluster_write(&env, &probe, 60).unwrap_or_else(|| panic!("{probe} not writable within 60 s"));
-    let gap = Duration::from_millis(acked.saturating_sub(fault_ms));
-    let readable = cluster_keys_readable(&env);
-    let (after, back) = wait_cluster_ok(&env, "a master deleted", Duration::from_secs(180)).await;
-    eprintln!(
-        "realpods-redis: cluster: master {victim} deleted: {probe} (the slot of {key}) written again {gap:.1?} after; {readable}/{KEYS} keys; \
-         ok again with {victim} back as a replica {back:.1?} later: shards {after:?}"
-    );
-    assert!(
-        after.iter().any(|(m, r)| *m == heir && r.as_slice() == std::slice::from_ref(&victim)),
-        "{heir} took over, {victim} follows it"
-    );
-    stateward_testkit::report::millis("redis.cluster.master_lost.write_gap", gap.as_millis() as u64, 20_000);
-    assert!(gap <= Duration::from_secs(60), "write gap {gap:?} over 60 s (liveness: 3x the target)");
-    assert_eq!(readable, KEYS);
+    let after = sh;
 
     // All three masters at once: every shard fails over to its replica.
     let masters: Vec<String> = after.iter().map(|s| s.0.clone()).collect();
