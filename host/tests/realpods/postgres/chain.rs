@@ -89,6 +89,21 @@ async fn formation(env: &TestEnv, primary: &str, standbys: &[String], took: Dura
     assert!(events.iter().any(|e| e.contains("PrimaryConfirmed: pg-0 is the first primary")), "{events:#?}");
     eprintln!("realpods-pg: events: {events:#?}");
 
+    // Redundant once both standbys stream (a poll after), naming the two as streaming.
+    let api = POSTGRES.api(env);
+    let (cr, _) = wait_for("pg Redundant", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, "pg").await.ok_or("CR not found")?;
+            match e2e::condition(&cr, "Redundant") {
+                Some("True") => Ok(cr),
+                _ => Err(summary(&cr)),
+            }
+        }
+    })
+    .await;
+    assert_eq!(e2e::condition(&cr, "Available"), Some("True"), "{}", summary(&cr));
+    assert_eq!(cr.pointer("/status/phase"), Some(&json!("Running")), "{}", summary(&cr));
     // The standbys say so themselves; the primary sees both streaming.
     for s in standbys {
         assert_eq!(psql_in(env, s, "select pg_is_in_recovery()"), "t", "{s}");

@@ -175,7 +175,15 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     pod_ready(&env, "client", Duration::from_secs(60)).await;
     let sampler = client_sh(&env, LINK_SAMPLER);
     let (available_ms, at_available) = first_available(&env, "shop", Duration::from_secs(300)).await;
-    let samples = link_samples(&env);
+    // The sampler's first round that began at or after Available was seen.
+    let mut samples = link_samples(&env);
+    for _ in 0..50 {
+        if samples.iter().any(|(t, _)| *t >= available_ms) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        samples = link_samples(&env);
+    }
     client_sh(&env, &format!("kill {}", sampler.trim()));
     let first = samples.first().map_or(u64::MAX, |s| s.0);
     assert!(
