@@ -101,21 +101,27 @@ pub fn cluster(
     let mut unknown = false;
     let mut lacking = Vec::new();
     for shard in &d.shards {
+        // A master no pod answers for is named by its node id.
+        let master = match pods.iter().any(|p| p.name == shard.master) {
+            true => shard.master.clone(),
+            false => format!(
+                "its master (node {}, no pod answers for it)",
+                shard.master.get(..12).unwrap_or(&shard.master)
+            ),
+        };
         for replica in &shard.replicas {
             let pod = pods.iter().zip(members).find(|(p, _)| &p.name == replica);
             match pod.map(|(p, m)| (p, &m.answer)) {
                 Some((p, _)) if !p.ready => lacking.push(format!("{replica} is not ready")),
                 Some((p, None)) if p.asked => unknown = true,
                 Some((_, Some(Ok(v)))) if v.link_up => {}
-                Some((_, Some(Ok(_)))) => {
-                    lacking.push(format!("{replica}'s link to {} is down", shard.master))
-                }
+                Some((_, Some(Ok(_)))) => lacking.push(format!("{replica}'s link to {master} is down")),
                 Some((_, Some(Err(e)))) => lacking.push(format!("{replica} did not answer: {e}")),
                 _ => lacking.push(format!("{replica} is not a pod that answers")),
             }
         }
         if shard.replicas.len() < per_shard {
-            lacking.push(format!("{} has {} of {per_shard} replicas", shard.master, shard.replicas.len()));
+            lacking.push(format!("{master} has {} of {per_shard} replicas", shard.replicas.len()));
         }
     }
     if lacking.is_empty() && !unknown {

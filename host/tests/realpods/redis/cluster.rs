@@ -124,6 +124,46 @@ const LINK_SAMPLER: &str = "nohup sh -c 'while :; do t=$(date +%s%3N); \
          | grep -c \"^master_link_status:up\") & done; wait) | awk \"{ s += \\$1 } END { print s + 0 }\"); \
     echo \"$t $n\"; sleep 0.2; done' >/tmp/links 2>/dev/null </dev/null & echo $!";
 
+/// A task recording the resource's `Redundant` condition every 200 ms: (ms since the epoch,
+/// status, message), each change once.
+struct RedundantWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<(u64, String, String)>>,
+}
+
+impl RedundantWatch {
+    async fn stop(self) -> Vec<(u64, String, String)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+fn watch_redundant(env: &TestEnv, name: &str) -> RedundantWatch {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (api, name, flag) = (REDIS.api(env), name.to_string(), stop.clone());
+    let task = tokio::spawn(async move {
+        let mut seen: Vec<(u64, String, String)> = Vec::new();
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Some(cr) = get_cr(&api, &name).await {
+                let c = cr
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Redundant"))
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                let status = c["status"].as_str().unwrap_or_default().to_string();
+                let message = c["message"].as_str().unwrap_or_default().to_string();
+                if seen.last().is_none_or(|(_, s, m)| *s != status || *m != message) {
+                    seen.push((now_ms(), status, message));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        seen
+    });
+    RedundantWatch { stop, task }
+}
+
 /// The sampler's lines: (ms since the epoch, replicas linked).
 fn link_samples(env: &TestEnv) -> Vec<(u64, u32)> {
     client_sh(env, "cat /tmp/links")
@@ -232,6 +272,7 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     let key = client_sh(&env, &format!("redis-cli -h {victim}.shop-headless RANDOMKEY"));
     let key = key.trim().to_string();
     assert!(key.starts_with("key:"), "a key on {victim}: {key:?}");
+    let verdicts = watch_redundant(&env, "shop");
     let fault_ms = now_ms();
     kubectl_ok(&env, &["delete", "pod", &victim, "--grace-period=0", "--force", "--wait=false"]);
     // A key of the same slot (the hash tag), so that the data keys keep their values.
@@ -255,6 +296,39 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
         gap.as_millis() as u64,
         20_000,
     );
+    // Redundant went False while the shard had no linked replica, naming why, and is True again
+    // once its new replica has linked.
+    let (_, ok_again) = wait_for("shop Redundant again", Duration::from_secs(120), || {
+        let api = REDIS.api(&env);
+        async move {
+            let cr = get_cr(&api, "shop").await.ok_or("CR not found")?;
+            match e2e::condition(&cr, "Redundant") {
+                Some("True") => Ok(()),
+                _ => Err(summary(&cr)),
+            }
+        }
+    })
+    .await;
+    let seen = verdicts.stop().await;
+    let lacking: Vec<&(u64, String, String)> =
+        seen.iter().filter(|(_, status, _)| status == "False").collect();
+    eprintln!(
+        "realpods-redis: cluster: Redundant {} verdicts while the master was lost, first False {:?}; True again {ok_again:.1?} after the shards were ok",
+        seen.len(),
+        lacking.first()
+    );
+    assert!(!lacking.is_empty(), "Redundant never said False after a master was lost: {seen:?}");
+    assert!(
+        lacking.iter().all(|(_, _, m)| !m.is_empty()),
+        "a False verdict names what is missing: {lacking:?}"
+    );
+    let first_false = lacking.first().map_or(fault_ms, |l| l.0);
+    stateward_testkit::report::millis_within_liveness(
+        "redis.cluster.master_lost.redundant_false_after",
+        first_false.saturating_sub(fault_ms),
+        3 * 2_000,
+    );
+    stateward_testkit::report::seconds("redis.cluster.master_lost.redundant_again_after_ok", ok_again, None);
     let per_master: Vec<(String, usize)> = sh
         .iter()
         .map(|(m, _)| {
