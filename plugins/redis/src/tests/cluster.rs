@@ -543,7 +543,7 @@ fn the_entry_node_is_the_pods_own_address() {
 }
 
 /// A Ready pod `cache-<i>` at `ip`, its server running.
-fn cluster_pod(i: usize, ip: &str) -> Value {
+pub(super) fn cluster_pod(i: usize, ip: &str) -> Value {
     let name = format!("cache-{i}");
     json!({
         "apiVersion": "v1", "kind": "Pod",

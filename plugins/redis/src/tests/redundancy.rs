@@ -12,18 +12,11 @@ const IDS: [&str; 6] = [
     "ffffffffffffffffffffffffffffffffffffffff",
 ];
 
+/// Pod `cache-<i>` at 10.0.0.<i+1>, its server running, Ready or not.
 fn pod(i: usize, ready: bool) -> Value {
-    let name = format!("cache-{i}");
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": name, "namespace": "db", "uid": format!("{name}-uid-0001"),
-                      "labels": { "stateward.dev/instance": "cache" } },
-        "status": {
-            "podIP": format!("10.0.0.{}", i + 1),
-            "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }],
-            "containerStatuses": [{ "name": "redis", "state": { "running": {} }, "restartCount": 0 }],
-        },
-    })
+    let mut pod = super::cluster::cluster_pod(i, &format!("10.0.0.{}", i + 1));
+    pod["status"]["conditions"][0]["status"] = json!(if ready { "True" } else { "False" });
+    pod
 }
 
 /// What pod `i` of a formed 3 × 1 cluster answers (cache-3..5 follow cache-0..2); `linked`:
