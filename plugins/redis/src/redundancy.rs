@@ -39,8 +39,8 @@ pub fn replication(
             false => Redundancy::lacking("NoMaster", "no master is confirmed"),
         };
     };
-    let copies = pods.iter().zip(members).filter(|(p, _)| p.name != master).map(|(p, m)| {
-        let copy = match (&m.server, p.ready) {
+    let copies =
+        pods.iter().zip(members).filter(|(p, _)| p.name != master).map(|(p, m)| match (&m.server, p.ready) {
             (_, false) => CopyState::Lacks(format!("{} is not ready", p.name)),
             (None, true) if p.asked => CopyState::NotAnswered,
             (None, true) => CopyState::Lacks(format!("{} was not asked", p.name)),
@@ -59,9 +59,7 @@ pub fn replication(
                     CopyState::InSync
                 }
             }
-        };
-        copy
-    });
+        });
     tally(copies, want, &format!("replica(s) of {master} linked and caught up"))
 }
 

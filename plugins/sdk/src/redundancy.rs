@@ -11,7 +11,7 @@
 
 use serde_json::Value;
 
-use crate::status::{cond, condition_message, condition_status};
+use crate::status::{cond, condition_message, condition_reason, condition_status};
 use crate::types::{Condition, ConditionStatus, Phase};
 
 /// The condition's type.
@@ -82,11 +82,7 @@ impl Redundancy {
             return self;
         }
         let text = |s: Option<&str>| s.unwrap_or_default().to_string();
-        let reason = status
-            .and_then(|s| s.get("conditions"))
-            .and_then(Value::as_array)
-            .and_then(|cs| cs.iter().find(|c| c["type"] == CONDITION))
-            .and_then(|c| c["reason"].as_str());
+        let reason = condition_reason(status, CONDITION);
         let message = text(condition_message(status, CONDITION));
         match condition_status(status, CONDITION) {
             Some("True") => Self { verdict: Verdict::Redundant, reason: text(reason), message },

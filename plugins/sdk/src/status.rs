@@ -228,6 +228,11 @@ pub fn condition_message<'a>(status: Option<&'a Value>, type_: &str) -> Option<&
     written_condition(status, type_).and_then(|c| c["message"].as_str())
 }
 
+/// The reason of the condition `type_` in the status as last written.
+pub fn condition_reason<'a>(status: Option<&'a Value>, type_: &str) -> Option<&'a str> {
+    written_condition(status, type_).and_then(|c| c["reason"].as_str())
+}
+
 /// Whether the status as last written says the resource is paused.
 pub fn was_paused(status: Option<&Value>) -> bool {
     condition_status(status, PAUSED_CONDITION) == Some("True")
