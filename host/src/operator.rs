@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use crate::controller::{self, Applier, Children, ControllerSettings, Controllers, KeeperSettings};
 use crate::leader::{self, LeaderConfig};
 use crate::policy::LiveGate;
+use crate::reload::announce::Announcer;
 use crate::reload::Reloader;
 use crate::requests::{Outcomes, RequestSettings, Requests};
 use crate::runtime::{LiveRegistry, Sandbox};
@@ -110,8 +111,10 @@ pub async fn run(
         gate: Arc::clone(&gate),
         metrics: metrics.clone(),
         debug: debug.clone(),
-        leadership: leadership.clone(),
-        events: Arc::new(events::Publisher::new(client.clone(), &settings.leader.identity)),
+        announcer: Announcer::new(
+            events::Publisher::new(client.clone(), &settings.leader.identity),
+            leadership.clone(),
+        ),
         swaps: swaps.clone(),
     };
     let mut reloaded = reloader.spawn();

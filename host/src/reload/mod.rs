@@ -7,6 +7,7 @@
 //! `/debug/plugins` or `/debug/healthz`). Every replica reloads, so a standby that takes over
 //! serves the same plugins; only the leader publishes Events.
 
+pub mod announce;
 pub mod plugins;
 pub mod policy;
 
@@ -21,7 +22,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::{broadcast, watch};
 
-use crate::leader::Leadership;
+use self::announce::{Announcement, Announcer};
 use crate::policy::{Bundle, LiveGate, PolicyEngine};
 use crate::runtime::{LiveRegistry, Plugin, Sandbox};
 use crate::telemetry::{DebugState, Metrics};
@@ -47,9 +48,8 @@ pub struct Reloader {
     pub gate: Arc<LiveGate>,
     pub metrics: Metrics,
     pub debug: DebugState,
-    pub leadership: Leadership,
-    /// Events on the ConfigMaps, deduplicated like the custom resources' Events.
-    pub events: Arc<crate::telemetry::events::Publisher>,
+    /// Events on the ConfigMaps, from the leader only, owed until they are out.
+    pub announcer: Arc<Announcer>,
     pub swaps: broadcast::Sender<Swap>,
 }
 
@@ -61,6 +61,7 @@ impl Reloader {
         let (plugins_synced, policy_synced) = (watch::channel(false), watch::channel(false));
         tokio::spawn(self.clone().watch_plugins(plugins_synced.0));
         tokio::spawn(self.clone().watch_policy(policy_synced.0));
+        tokio::spawn(Arc::clone(&self.announcer).run());
         tokio::spawn(async move {
             let (mut a, mut b) = (plugins_synced.1, policy_synced.1);
             let _ = a.wait_for(|s| *s).await;
@@ -219,6 +220,7 @@ impl Reloader {
     ) {
         rejected.remove(cm_name);
         seen.remove(cm_name);
+        self.announcer.forget(&format!("plugin/{cm_name}"));
         // Only the ConfigMap whose build serves matters; a rejected one going changes nothing.
         let Some(name) = active.iter().find(|(_, cm)| *cm == cm_name).map(|(n, _)| n.clone()) else {
             return self.publish_plugins(rejected);
@@ -278,6 +280,7 @@ impl Reloader {
                 }
                 Ok(watcher::Event::Delete(cm)) => {
                     current.remove(&cm.name_any());
+                    self.announcer.forget(&format!("policy/{}", cm.name_any()));
                     self.apply_policy(&current).await;
                 }
                 Err(err) => tracing::warn!(error = %err, "watching policy ConfigMaps"),
@@ -352,11 +355,17 @@ impl Reloader {
         }
     }
 
-    /// An Event on the ConfigMap, from the leader only (standbys reload silently).
+    /// An Event on the ConfigMap, from the leader only: a standby owes it until it leads
+    /// (reason `Plugin…` or `Policy…`; the newer of each about one ConfigMap supersedes).
     async fn event(&self, cm: &ConfigMap, type_: EventType, reason: &str, note: &str) {
-        if self.leadership.is_leader() {
-            self.events.publish(&cm.object_ref(&()), type_, reason, note, "Reload").await;
-        }
+        let family = if reason.starts_with("Policy") { "policy" } else { "plugin" };
+        let announcement = Announcement {
+            reference: cm.object_ref(&()),
+            type_,
+            reason: reason.to_string(),
+            note: note.to_string(),
+        };
+        self.announcer.announce(&format!("{family}/{}", cm.name_any()), announcement).await;
     }
 }
 

@@ -34,7 +34,8 @@ impl Publisher {
         Self { client, reporter, recent: Mutex::new(HashMap::new()) }
     }
 
-    /// Publishes unless the same event went out for this object within the window.
+    /// Publishes unless the same event went out for this object within the window. False when
+    /// the API server refused it: it is then not remembered, so posting it again is tried.
     pub async fn publish(
         &self,
         reference: &ObjectReference,
@@ -42,7 +43,7 @@ impl Publisher {
         reason: &str,
         message: &str,
         action: &str,
-    ) {
+    ) -> bool {
         let key = (
             format!(
                 "{}/{}/{}",
@@ -54,15 +55,15 @@ impl Publisher {
             message.to_string(),
         );
         {
-            let Ok(mut recent) = self.recent.lock() else { return };
+            let Ok(mut recent) = self.recent.lock() else { return false };
             let now = Instant::now();
             if recent.get(&key).is_some_and(|at| now.duration_since(*at) < WINDOW) {
-                return;
+                return true;
             }
             if recent.len() >= MAX_REMEMBERED {
                 recent.retain(|_, at| now.duration_since(*at) < WINDOW);
             }
-            recent.insert(key, now);
+            recent.insert(key.clone(), now);
         }
         let event = Event {
             type_,
@@ -75,7 +76,12 @@ impl Publisher {
         let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
         if let Err(err) = recorder.publish(&event, reference).await {
             tracing::warn!(error = %err, reason, "cannot publish event");
+            if let Ok(mut recent) = self.recent.lock() {
+                recent.remove(&key);
+            }
+            return false;
         }
+        true
     }
 }
 
