@@ -512,6 +512,57 @@ async fn wait_converged(env: &TestEnv, kind: e2e::Kind, name: &str, timeout: Dur
     .await;
 }
 
+/// Milliseconds since the epoch, the clock the client pods' samplers write too.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A task recording a resource's `Redundant` condition every 200 ms: (ms since the epoch,
+/// status, message), each change once.
+struct RedundantWatch {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(u64, String, String)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RedundantWatch {
+    fn start(env: &TestEnv, kind: e2e::Kind, name: &str) -> Self {
+        let seen: std::sync::Arc<std::sync::Mutex<Vec<(u64, String, String)>>> = Default::default();
+        let (api, name, log) = (kind.api(env), name.to_string(), seen.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                if let Some(cr) = get_cr(&api, &name).await {
+                    let c = cr
+                        .pointer("/status/conditions")
+                        .and_then(Value::as_array)
+                        .and_then(|cs| cs.iter().find(|c| c["type"] == "Redundant"))
+                        .cloned()
+                        .unwrap_or(Value::Null);
+                    let status = c["status"].as_str().unwrap_or_default().to_string();
+                    let message = c["message"].as_str().unwrap_or_default().to_string();
+                    if let Ok(mut seen) = log.lock() {
+                        if seen.last().is_none_or(|(_, s, m)| *s != status || *m != message) {
+                            seen.push((now_ms(), status, message));
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// What it has seen so far.
+    fn seen(&self) -> Vec<(u64, String, String)> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Stops watching; everything it saw.
+    fn stop(self) -> Vec<(u64, String, String)> {
+        self.task.abort();
+        self.seen()
+    }
+}
+
 async fn wait_available(env: &TestEnv, kind: e2e::Kind, name: &str, timeout: Duration) -> Duration {
     let api = kind.api(env);
     let (_, took) = wait_for(&format!("{} {name} Available", kind.kind), timeout, || {

@@ -1,6 +1,6 @@
 //! One PostgreSQL cluster carried through the scenarios of its lifetime, as a chain: formation,
 //! a 3 s stall of the primary, a switchover and its refusals, a failover and the old primary's
-//! rejoin. Each step starts from the cluster the step before left, and the invariants are
+//! rejoin, a standby lost and back. Each step starts from the cluster the step before left, and the invariants are
 //! checked between steps (one primary behind `-rw`, every standby streaming behind `-ro`, no
 //! acknowledged write lost outside a failover of asynchronous replication); a failure names its
 //! step. One cluster instead of four saves three formations on the 2-core machine.
@@ -72,7 +72,10 @@ async fn one_cluster_forms_rides_out_a_stall_switches_over_and_fails_over() {
     let (primary, _) = invariants(env, "the switchover", &acked, &[]).await;
 
     let lost_in_failover = step(4, "failover", failover(env, &primary)).await;
-    invariants(env, "the failover", &acked, &lost_in_failover).await;
+    let (_, standbys) = invariants(env, "the failover", &acked, &lost_in_failover).await;
+
+    step(5, "standby lost", standby_lost(env, &standbys[0])).await;
+    invariants(env, "the standby's loss", &acked, &lost_in_failover).await;
     drop(op);
 }
 
@@ -390,4 +393,50 @@ async fn failover(env: &TestEnv, old: &str) -> Vec<u64> {
         events.iter().filter(|e| !e.contains("SuccessfulCreate")).collect::<Vec<_>>()
     );
     lost
+}
+
+/// [redundancy] must show 3: a standby's pod deleted turns `Redundant` False with a message
+/// naming it, within the ceiling of three times two polls (2 s each); `Available` is True after
+/// it (the primary answered throughout); `Redundant` is True again once the standby streams and
+/// has caught up. Both times are reported.
+async fn standby_lost(env: &TestEnv, standby: &str) {
+    let watch = crate::RedundantWatch::start(env, POSTGRES, "pg");
+    let fault_ms = now_ms();
+    kubectl_ok(env, &["delete", "pod", standby, "--grace-period=0", "--force", "--wait=false"]);
+    let api = POSTGRES.api(env);
+    let (_, back) = wait_for("pg Redundant False, then True again", Duration::from_secs(180), || {
+        let (api, seen) = (api.clone(), watch.seen());
+        async move {
+            let lacked = seen.iter().position(|(_, status, _)| status == "False");
+            let again = lacked.and_then(|i| seen[i..].iter().find(|(_, status, _)| status == "True"));
+            match again {
+                Some(_) => Ok(()),
+                None => Err(format!(
+                    "{seen:?}; now {}",
+                    summary(&get_cr(&api, "pg").await.ok_or("CR not found")?)
+                )),
+            }
+        }
+    })
+    .await;
+    let seen = watch.stop();
+    let cr = get_cr(&api, "pg").await.expect("CR");
+    eprintln!("realpods-pg: {standby} deleted; Redundant verdicts {seen:?}; True again {back:.1?} after");
+    let first_false = seen.iter().find(|(_, status, _)| status == "False").expect("a False verdict");
+    assert!(
+        first_false.2.contains(standby),
+        "the False verdict names the lost standby {standby}: {first_false:?}"
+    );
+    assert_eq!(
+        e2e::condition(&cr, "Available"),
+        Some("True"),
+        "the primary answered throughout: {}",
+        summary(&cr)
+    );
+    stateward_testkit::report::millis_within_liveness(
+        "pg.standby_lost.redundant_false_after",
+        first_false.0.saturating_sub(fault_ms),
+        2 * 2_000,
+    );
+    stateward_testkit::report::seconds("pg.standby_lost.redundant_again_after", back, None);
 }

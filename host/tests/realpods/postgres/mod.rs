@@ -13,6 +13,7 @@ use stateward_testkit::real::{RealPods, Weight};
 use stateward_testkit::TestEnv;
 
 use super::e2e::{self, get_cr, summary, wait_for, POSTGRES};
+use crate::now_ms;
 
 mod app;
 mod chain;
@@ -276,10 +277,6 @@ fn lost(env: &TestEnv, acks: &[(u64, u64)]) -> Vec<u64> {
         .filter_map(|l| l.trim().parse().ok())
         .collect();
     acks.iter().map(|(id, _)| *id).filter(|id| !present.contains(id)).collect()
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Waits until the writer has `at_least` acknowledged writes (a warm-up before a fault). The

@@ -124,46 +124,6 @@ const LINK_SAMPLER: &str = "nohup sh -c 'while :; do t=$(date +%s%3N); \
          | grep -c \"^master_link_status:up\") & done; wait) | awk \"{ s += \\$1 } END { print s + 0 }\"); \
     echo \"$t $n\"; sleep 0.2; done' >/tmp/links 2>/dev/null </dev/null & echo $!";
 
-/// A task recording the resource's `Redundant` condition every 200 ms: (ms since the epoch,
-/// status, message), each change once.
-struct RedundantWatch {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<Vec<(u64, String, String)>>,
-}
-
-impl RedundantWatch {
-    async fn stop(self) -> Vec<(u64, String, String)> {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.task.await.unwrap_or_default()
-    }
-}
-
-fn watch_redundant(env: &TestEnv, name: &str) -> RedundantWatch {
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (api, name, flag) = (REDIS.api(env), name.to_string(), stop.clone());
-    let task = tokio::spawn(async move {
-        let mut seen: Vec<(u64, String, String)> = Vec::new();
-        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Some(cr) = get_cr(&api, &name).await {
-                let c = cr
-                    .pointer("/status/conditions")
-                    .and_then(Value::as_array)
-                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Redundant"))
-                    .cloned()
-                    .unwrap_or(Value::Null);
-                let status = c["status"].as_str().unwrap_or_default().to_string();
-                let message = c["message"].as_str().unwrap_or_default().to_string();
-                if seen.last().is_none_or(|(_, s, m)| *s != status || *m != message) {
-                    seen.push((now_ms(), status, message));
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        seen
-    });
-    RedundantWatch { stop, task }
-}
-
 /// The sampler's lines: (ms since the epoch, replicas linked).
 fn link_samples(env: &TestEnv) -> Vec<(u64, u32)> {
     client_sh(env, "cat /tmp/links")
@@ -272,7 +232,7 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     let key = client_sh(&env, &format!("redis-cli -h {victim}.shop-headless RANDOMKEY"));
     let key = key.trim().to_string();
     assert!(key.starts_with("key:"), "a key on {victim}: {key:?}");
-    let verdicts = watch_redundant(&env, "shop");
+    let verdicts = crate::RedundantWatch::start(&env, REDIS, "shop");
     let fault_ms = now_ms();
     kubectl_ok(&env, &["delete", "pod", &victim, "--grace-period=0", "--force", "--wait=false"]);
     // A key of the same slot (the hash tag), so that the data keys keep their values.
@@ -309,7 +269,7 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
         }
     })
     .await;
-    let seen = verdicts.stop().await;
+    let seen = verdicts.stop();
     let lacking: Vec<&(u64, String, String)> =
         seen.iter().filter(|(_, status, _)| status == "False").collect();
     eprintln!(

@@ -15,6 +15,7 @@ use stateward_testkit::TestEnv;
 use super::e2e::{self, get_cr, summary, wait_for, REDIS};
 use super::postgres::{endpoints, enter_with_operator};
 use super::{kubectl_ok, pod_ready, sample, REDIS_IMAGE};
+use crate::now_ms;
 
 mod cluster;
 mod migration;
@@ -40,10 +41,6 @@ fn client_pod(cluster: &str, users: &[&str]) -> Value {
 /// A shell script run by the client pod; its stdout.
 fn client_sh(env: &TestEnv, script: &str) -> String {
     kubectl_ok(env, &["exec", "client", "--", "sh", "-c", script])
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// One instance of status: (pod, role label, link status, lag bytes).
