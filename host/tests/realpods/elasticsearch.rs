@@ -77,6 +77,30 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
         cr["status"]["clusterHealth"]
     );
     stateward_testkit::report::seconds("opensearch.six_nodes.green_after_create", took, None);
+    // Green with every node joined is redundant: every shard has its copies.
+    let redundant = |want: &'static str, reason: &'static str| {
+        let api = api.clone();
+        move || {
+            let api = api.clone();
+            async move {
+                let cr = get_cr(&api, "logs").await.ok_or("CR not found")?;
+                let c = cr
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Redundant"))
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                if c["status"] == want && (reason.is_empty() || c["reason"] == reason) {
+                    Ok(c["message"].as_str().unwrap_or_default().to_string())
+                } else {
+                    Err(format!("Redundant {c}"))
+                }
+            }
+        }
+    };
+    let (message, _) =
+        wait_for("Redundant True at formation", Duration::from_secs(60), redundant("True", "")).await;
+    assert!(message.contains("green"), "{message}");
     let formed_at = cr.pointer("/status/formation/formedAt").and_then(Value::as_u64);
     assert!(formed_at.is_some(), "no formation recorded: {}", summary(&cr));
     assert_eq!(
@@ -200,6 +224,21 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
         condition("False/ClusterNotGreen"),
     )
     .await;
+    // [redundancy] must show 3: a copy that cannot be placed is redundancy lacking, said so
+    // with the count of unassigned copies; True again once green.
+    let (message, lacked) = wait_for(
+        "Redundant False/ShardCopiesUnassigned",
+        Duration::from_secs(90),
+        redundant("False", "ShardCopiesUnassigned"),
+    )
+    .await;
+    assert!(message.contains("unassigned"), "{message}");
+    stateward_testkit::report::seconds(
+        "opensearch.copy_unplaced.redundant_false_after",
+        yellowed.elapsed(),
+        None,
+    );
+    eprintln!("realpods[es]: Redundant False {lacked:.1?} after the check began: {message}");
     let warning = super::warnings(&env, "logs", "ClusterNotGreen").await;
     assert!(!warning.is_empty(), "no ClusterNotGreen Warning");
     eprintln!("realpods[es]: {h} {:.1?} after the index; Warning: {}", yellowed.elapsed(), warning[0]);
@@ -209,6 +248,12 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
     let greened = Instant::now();
     wait_for("clusterHealth green again", Duration::from_secs(60), health("green")).await;
     let (h, _) = wait_for("ServiceHealthy True again", Duration::from_secs(60), condition("True/")).await;
+    wait_for("Redundant True again", Duration::from_secs(60), redundant("True", "")).await;
+    stateward_testkit::report::seconds(
+        "opensearch.copy_placed.redundant_again_after",
+        greened.elapsed(),
+        None,
+    );
     eprintln!("realpods[es]: {h} {:.1?} after the replicas were lowered", greened.elapsed());
 
     // Must-show 3: an index of 3 shards with a replica each, 5 documents; `data` 3 -> 2. The
