@@ -356,10 +356,10 @@ pub fn live(ctx: &Ctx, input: &LiveInput) -> Live {
         }));
     }
 
-    let want = usize::try_from(ctx.cluster.spec.replicas - 1).unwrap_or(0);
+    let promised = stateward_sdk::redundancy::promised(ctx.name(), ctx.cluster.spec.replicas);
     let sync = spec::synchronous(input.resource);
     let was = stateward_sdk::redundancy::was_redundant(input.status);
-    live.redundancy = Some(crate::redundancy::verdict(&members, confirmed, want, sync.as_ref(), was));
+    live.redundancy = Some(crate::redundancy::verdict(&members, &promised, confirmed, sync.as_ref(), was));
     live.events.extend(d.events.iter().cloned());
     live.status.extend(st.to_status());
     if let Some(c) = &d.condition {

@@ -3,20 +3,21 @@
 //! bounds (with hysteresis, see `stateward_sdk::redundancy`), and when `synchronous` is set,
 //! at least `number` of them synchronous (`sync` or `quorum`): a commit then waits for them.
 
-use stateward_sdk::redundancy::{caught_up, tally, CopyState, Redundancy};
+use stateward_sdk::redundancy::{absent, caught_up, tally, CopyState, Redundancy};
 
 use crate::ha::Member;
 use crate::spec::Synchronous;
 
-/// `want` standbys (spec.replicas − 1) of `primary` (the confirmed one, if any), among
-/// `members`; `was_redundant`: the verdict written last.
+/// A standby for each of the `promised` instances (spec.replicas) but `primary` (the confirmed
+/// one, if any), among `members`; `was_redundant`: the verdict written last.
 pub fn verdict(
     members: &[Member],
+    promised: &[String],
     primary: Option<&Member>,
-    want: usize,
     sync: Option<&Synchronous>,
     was_redundant: bool,
 ) -> Redundancy {
+    let want = promised.len().saturating_sub(1);
     if want == 0 {
         return Redundancy::not_promised("one instance and no standby: losing it loses its data");
     }
@@ -44,6 +45,8 @@ pub fn verdict(
             Some(_) => CopyState::InSync,
         }
     });
+    let present: Vec<&str> = members.iter().map(|m| m.pod.as_str()).collect();
+    let copies = copies.chain(absent(promised, &present, &p.pod));
     let r = tally(copies, want, &format!("standby(s) of {} streaming and caught up", p.pod));
     let Some(sync) = sync.filter(|_| r.verdict == stateward_sdk::redundancy::Verdict::Redundant) else {
         return r;

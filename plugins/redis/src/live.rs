@@ -348,9 +348,13 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
             live.events.push(event);
         }
     }
-    let want = if replication { usize::try_from(ctx.cluster.spec.replicas - 1).unwrap_or(0) } else { 0 };
+    // Outside replication mode one server is all the spec promises.
+    let promised = stateward_sdk::redundancy::promised(
+        ctx.name(),
+        if replication { ctx.cluster.spec.replicas } else { 1 },
+    );
     let was = stateward_sdk::redundancy::was_redundant(input.status);
-    live.redundancy = Some(redundancy::replication(&redundancy_pods(input), &members, &d, want, was));
+    live.redundancy = Some(redundancy::replication(&redundancy_pods(input), &members, &d, &promised, was));
     live.conditions.push(d.condition.clone());
     live.events.extend(d.events.iter().cloned());
     if input.pods.is_empty() {

@@ -5,7 +5,7 @@
 //! linked. A replica the servers list but whose own server says its link is down holds no
 //! copy a failover could use: a master lost then takes its writes with it.
 
-use stateward_sdk::redundancy::{caught_up, tally, CopyState, Redundancy};
+use stateward_sdk::redundancy::{absent, caught_up, tally, CopyState, Redundancy};
 
 use crate::cluster;
 use crate::roles;
@@ -20,16 +20,17 @@ pub struct Pod {
     pub asked: bool,
 }
 
-/// Replication mode: `want` replicas of the confirmed master (spec.replicas − 1), each linked
-/// to it and caught up (its lag in `d.lag` within the hysteresis bounds, `was_redundant`
+/// Replication mode: a replica of the confirmed master for each of the `promised` servers
+/// (spec.replicas; none but the master outside replication mode), each linked to it and caught up (its lag in `d.lag` within the hysteresis bounds, `was_redundant`
 /// being the verdict written last).
 pub fn replication(
     pods: &[Pod],
     members: &[roles::Member],
     d: &roles::Decision,
-    want: usize,
+    promised: &[String],
     was_redundant: bool,
 ) -> Redundancy {
+    let want = promised.len().saturating_sub(1);
     if want == 0 {
         return Redundancy::not_promised("one server and no replica: losing it loses its data");
     }
@@ -60,6 +61,8 @@ pub fn replication(
                 }
             }
         });
+    let present: Vec<&str> = pods.iter().map(|p| p.name.as_str()).collect();
+    let copies = copies.chain(absent(promised, &present, master));
     tally(copies, want, &format!("replica(s) of {master} linked and caught up"))
 }
 

@@ -104,6 +104,22 @@ pub enum CopyState {
     Lacks(String),
 }
 
+/// A copy lacking for each name in `promised` but `source` (the member copied from) that no
+/// member in `present` answers to: a pod deleted and not created again yet is named, not
+/// counted as "does not exist".
+pub fn absent(promised: &[String], present: &[&str], source: &str) -> Vec<CopyState> {
+    promised
+        .iter()
+        .filter(|name| name.as_str() != source && !present.contains(&name.as_str()))
+        .map(|name| CopyState::Lacks(format!("{name} does not exist")))
+        .collect()
+}
+
+/// The instances `replicas` promises, by the StatefulSet's pod names `<name>-<ordinal>`.
+pub fn promised(name: &str, replicas: i64) -> Vec<String> {
+    (0..replicas.max(0)).map(|i| format!("{name}-{i}")).collect()
+}
+
 /// Counts the copies: redundant with `want` of them in sync, else lacking with every reason
 /// (unknown when the only ones missing have not answered yet); `what` names them in the
 /// message, e.g. "standby(s) of pg-0 streaming".

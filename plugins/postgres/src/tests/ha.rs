@@ -923,7 +923,7 @@ fn synchronous_replication_is_checked_against_the_replicas_and_set_on_the_confir
 fn redundancy_needs_every_standby_streaming_caught_up_and_the_synchronous_quorum() {
     use crate::redundancy::verdict;
     use crate::spec::Synchronous;
-    use stateward_sdk::redundancy::Verdict;
+    use stateward_sdk::redundancy::{promised, Verdict};
     let with = |standbys: &[(&str, &str, &str, i64)]| {
         let mut p = primary("pg-0", 1000);
         if let Some(Ok(s)) = &mut p.answer {
@@ -940,27 +940,44 @@ fn redundancy_needs_every_standby_streaming_caught_up_and_the_synchronous_quorum
         vec![p, standby("pg-1", 1000, 1000), standby("pg-2", 1000, 1000)]
     };
     let both = with(&[("pg-1", "streaming", "async", 0), ("pg-2", "streaming", "async", 100)]);
-    assert_eq!(verdict(&both, Some(&both[0]), 2, None, false).verdict, Verdict::Redundant);
+    assert_eq!(verdict(&both, &promised("pg", 3), Some(&both[0]), None, false).verdict, Verdict::Redundant);
     let catching = with(&[("pg-1", "streaming", "async", 0), ("pg-2", "catchup", "async", 0)]);
-    let r = verdict(&catching, Some(&catching[0]), 2, None, false);
+    let r = verdict(&catching, &promised("pg", 3), Some(&catching[0]), None, false);
     assert_eq!(r.verdict, Verdict::Lacking);
     assert!(r.message.contains("pg-2 is catchup from pg-0, not streaming"), "{r:?}");
     let one = with(&[("pg-1", "streaming", "async", 0)]);
-    assert!(verdict(&one, Some(&one[0]), 2, None, false).message.contains("pg-2 is not connected to pg-0"));
+    assert!(verdict(&one, &promised("pg", 3), Some(&one[0]), None, false)
+        .message
+        .contains("pg-2 is not connected to pg-0"));
+    // A standby whose pod is gone (deleted, not created again yet) is named, not counted.
+    let gone: Vec<_> =
+        with(&[("pg-1", "streaming", "async", 0)]).into_iter().filter(|m| m.pod != "pg-2").collect();
+    let r = verdict(&gone, &promised("pg", 3), Some(&gone[0]), None, false);
+    assert_eq!(r.verdict, Verdict::Lacking);
+    assert!(r.message.ends_with("pg-2 does not exist"), "{r:?}");
     // Hysteresis: 8 MiB behind stays caught up once redundant, and is not caught up before.
     let lagging = with(&[("pg-1", "streaming", "async", 8 << 20), ("pg-2", "streaming", "async", 0)]);
-    assert_eq!(verdict(&lagging, Some(&lagging[0]), 2, None, true).verdict, Verdict::Redundant);
-    assert_eq!(verdict(&lagging, Some(&lagging[0]), 2, None, false).verdict, Verdict::Lacking);
+    assert_eq!(
+        verdict(&lagging, &promised("pg", 3), Some(&lagging[0]), None, true).verdict,
+        Verdict::Redundant
+    );
+    assert_eq!(
+        verdict(&lagging, &promised("pg", 3), Some(&lagging[0]), None, false).verdict,
+        Verdict::Lacking
+    );
     // The synchronous quorum.
     let sync = Synchronous { first: false, number: 2 };
     let quorum = with(&[("pg-1", "streaming", "quorum", 0), ("pg-2", "streaming", "async", 0)]);
-    let r = verdict(&quorum, Some(&quorum[0]), 2, Some(&sync), false);
+    let r = verdict(&quorum, &promised("pg", 3), Some(&quorum[0]), Some(&sync), false);
     assert_eq!((r.verdict, r.reason.as_str()), (Verdict::Lacking, "SynchronousQuorumNotMet"));
     let met = with(&[("pg-1", "streaming", "quorum", 0), ("pg-2", "streaming", "quorum", 0)]);
-    assert_eq!(verdict(&met, Some(&met[0]), 2, Some(&sync), false).verdict, Verdict::Redundant);
+    assert_eq!(
+        verdict(&met, &promised("pg", 3), Some(&met[0]), Some(&sync), false).verdict,
+        Verdict::Redundant
+    );
     // No primary confirmed: unknown before any answer, lacking after.
     let silent = vec![member("pg-0", None), member("pg-1", None)];
-    assert_eq!(verdict(&silent, None, 2, None, false).verdict, Verdict::Unknown);
-    assert_eq!(verdict(&both, None, 2, None, false).verdict, Verdict::Lacking);
-    assert_eq!(verdict(&both, Some(&both[0]), 0, None, false).verdict, Verdict::NotPromised);
+    assert_eq!(verdict(&silent, &promised("pg", 3), None, None, false).verdict, Verdict::Unknown);
+    assert_eq!(verdict(&both, &promised("pg", 3), None, None, false).verdict, Verdict::Lacking);
+    assert_eq!(verdict(&both, &promised("pg", 1), Some(&both[0]), None, false).verdict, Verdict::NotPromised);
 }

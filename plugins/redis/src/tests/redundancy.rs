@@ -147,7 +147,7 @@ fn replication_counts_linked_caught_up_replicas_and_standalone_promises_none() {
         (0..3).map(|i| Pod { name: format!("cache-{i}"), ready: true, asked: true }).collect();
     let verdict = |members: &[Member]| {
         let d = decide(members, Some("cache-0"));
-        replication(&pods, members, &d, 2, false)
+        replication(&pods, members, &d, &stateward_sdk::redundancy::promised("cache", 3), false)
     };
     let mb = 1024 * 1024;
     let all = [
@@ -166,6 +166,11 @@ fn replication_counts_linked_caught_up_replicas_and_standalone_promises_none() {
     let mut silent = all.clone();
     silent[2] = member("cache-2", None);
     assert_eq!(verdict(&silent).verdict, stateward_sdk::redundancy::Verdict::Unknown);
+    // A replica whose pod is gone (deleted, not created again yet) is named.
+    let d = decide(&all[..2], Some("cache-0"));
+    let gone =
+        replication(&pods[..2], &all[..2], &d, &stateward_sdk::redundancy::promised("cache", 3), false);
+    assert!(gone.message.ends_with("cache-2 does not exist"), "{gone:?}");
 
     let mut cr = tk::cr("RedisCluster", "cache", spec());
     cr["spec"]["replicas"] = json!(1);
