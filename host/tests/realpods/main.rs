@@ -517,6 +517,68 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A loop in the client pod that writes `<ms since the epoch> <count>` every 200 ms, `count`
+/// being what a shell command prints (-1 when it prints nothing): the test's own view of the
+/// servers, to hold a resource's conditions against.
+struct ClientSampler {
+    pid: String,
+}
+
+impl ClientSampler {
+    /// Starts `count` (a command for `sh -c '…'`: no single quote unescaped) in the pod `client`.
+    fn start(env: &TestEnv, count: &str) -> Self {
+        let script = format!(
+            "nohup sh -c 'while :; do t=$(date +%s%3N); n=$({count}); echo \"$t ${{n:--1}}\"; sleep 0.2; done' \
+             >/tmp/samples 2>/dev/null </dev/null & echo $!"
+        );
+        let pid = kubectl_ok(env, &["exec", "client", "--", "sh", "-c", &script]).trim().to_string();
+        Self { pid }
+    }
+
+    fn samples(env: &TestEnv) -> Vec<(u64, i64)> {
+        kubectl_ok(env, &["exec", "client", "--", "cat", "/tmp/samples"])
+            .lines()
+            .filter_map(|l| {
+                let (t, n) = l.split_once(' ')?;
+                Some((t.parse().ok()?, n.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// Stops once a sample taken at or after `at_ms` is in; every sample, the first of them
+    /// from before `at_ms` (asserted: the sampler saw the time before it).
+    async fn stop_after(self, env: &TestEnv, at_ms: u64) -> Vec<(u64, i64)> {
+        let mut seen = Self::samples(env);
+        for _ in 0..50 {
+            if seen.iter().any(|(t, _)| *t >= at_ms) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            seen = Self::samples(env);
+        }
+        kubectl_ok(env, &["exec", "client", "--", "kill", &self.pid]);
+        let first = seen.first().map_or(u64::MAX, |s| s.0);
+        assert!(first < at_ms, "the sampler ran from before {at_ms} (first sample {first}): {seen:?}");
+        seen
+    }
+}
+
+/// Reads the resource every 200 ms, as a user's `kubectl wait` would, until it is first
+/// Available or Running; then (ms since the epoch) and the resource as read.
+async fn first_available(env: &TestEnv, kind: e2e::Kind, name: &str, timeout: Duration) -> (u64, Value) {
+    let api = kind.api(env);
+    let started = Instant::now();
+    loop {
+        if let Some(cr) = get_cr(&api, name).await {
+            if condition(&cr, "Available") == Some("True") || phase(&cr) == "Running" {
+                return (now_ms(), cr);
+            }
+            assert!(started.elapsed() < timeout, "{name} not Available within {timeout:?}: {}", summary(&cr));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A task recording a resource's `Redundant` condition every 200 ms: (ms since the epoch,
 /// status, message), each change once.
 struct RedundantWatch {

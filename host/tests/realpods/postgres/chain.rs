@@ -81,12 +81,8 @@ async fn one_cluster_forms_rides_out_a_stall_switches_over_and_fails_over() {
     drop(op);
 }
 
-/// In the client pod, from when it runs: every 200 ms, how many standbys the primary behind
-/// `-rw` lists as streaming (-1 while none answers), as `<ms since the epoch> <count>` lines in
-/// /tmp/streaming; prints its pid.
-const STREAMING_SAMPLER: &str = "nohup sh -c 'while :; do t=$(date +%s%3N); \
-    n=$(timeout 1 psql -h pg-rw -XAtc \"select count(*) from pg_stat_replication where state = '\\''streaming'\\''\" 2>/dev/null); \
-    echo \"$t ${n:--1}\"; sleep 0.2; done' >/tmp/streaming 2>/dev/null </dev/null & echo $!";
+/// How many standbys the primary behind `-rw` lists as streaming (for [`crate::ClientSampler`]).
+const STREAMING: &str = "timeout 1 psql -h pg-rw -XAtc \"select count(*) from pg_stat_replication where state = '\\''streaming'\\''\" 2>/dev/null";
 
 /// [redundancy] must show 1 for PostgreSQL: the cluster is created (3 instances) and, from
 /// before it could be Available, the test's own client reads `pg_stat_replication` every 200 ms
@@ -98,40 +94,9 @@ async fn available_only_when_streaming(env: &TestEnv) {
     e2e::apply(env, &env.namespace, &sample("PostgresCluster", "pg", PG_IMAGE, 3));
     super::super::apply_json(env, &[client_pod("pg")]);
     pod_ready(env, "client", Duration::from_secs(120)).await;
-    let sampler = client_sh(env, STREAMING_SAMPLER);
-    let api = POSTGRES.api(env);
-    let (available_ms, cr) = loop {
-        if let Some(cr) = get_cr(&api, "pg").await {
-            if e2e::condition(&cr, "Available") == Some("True") || e2e::phase(&cr) == "Running" {
-                break (now_ms(), cr);
-            }
-            assert!(now_ms() - created_ms < 420_000, "pg not Available within 420 s: {}", summary(&cr));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let samples = || -> Vec<(u64, i64)> {
-        client_sh(env, "cat /tmp/streaming")
-            .lines()
-            .filter_map(|l| {
-                let (t, n) = l.split_once(' ')?;
-                Some((t.parse().ok()?, n.trim().parse().ok()?))
-            })
-            .collect()
-    };
-    let mut seen = samples();
-    for _ in 0..50 {
-        if seen.iter().any(|(t, _)| *t >= available_ms) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        seen = samples();
-    }
-    client_sh(env, &format!("kill {}", sampler.trim()));
-    let first = seen.first().map_or(u64::MAX, |s| s.0);
-    assert!(
-        first < available_ms,
-        "the sampler ran from before Available ({first} vs {available_ms}): {seen:?}"
-    );
+    let sampler = crate::ClientSampler::start(env, STREAMING);
+    let (available_ms, cr) = crate::first_available(env, POSTGRES, "pg", Duration::from_secs(420)).await;
+    let seen = sampler.stop_after(env, available_ms).await;
     let at = seen.iter().find(|(t, _)| *t >= available_ms);
     let streaming_ms = seen.iter().find(|(_, n)| *n >= 2).map(|s| s.0);
     eprintln!(

@@ -117,39 +117,10 @@ fn first_cluster_write(env: &TestEnv, key: &str, limit_s: u64) -> Option<u64> {
     out.trim().parse().ok()
 }
 
-/// In the client pod, from now on: every 200 ms, how many of the six servers say their link to
-/// a master is up, as `<ms since the epoch> <count>` lines in /tmp/links; prints its pid.
-const LINK_SAMPLER: &str = "nohup sh -c 'while :; do t=$(date +%s%3N); \
-    n=$( (for i in 0 1 2 3 4 5; do (timeout 1 redis-cli -h shop-$i.shop-headless INFO replication 2>/dev/null \
-         | grep -c \"^master_link_status:up\") & done; wait) | awk \"{ s += \\$1 } END { print s + 0 }\"); \
-    echo \"$t $n\"; sleep 0.2; done' >/tmp/links 2>/dev/null </dev/null & echo $!";
-
-/// The sampler's lines: (ms since the epoch, replicas linked).
-fn link_samples(env: &TestEnv) -> Vec<(u64, u32)> {
-    client_sh(env, "cat /tmp/links")
-        .lines()
-        .filter_map(|l| {
-            let (t, n) = l.split_once(' ')?;
-            Some((t.parse().ok()?, n.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-/// Polls the resource every 200 ms, as a user's `kubectl wait --for=condition=Available` would,
-/// until Available is True; the time it was first seen so (ms since the epoch) and the resource.
-async fn first_available(env: &TestEnv, name: &str, timeout: Duration) -> (u64, Value) {
-    let api = REDIS.api(env);
-    let started = Instant::now();
-    loop {
-        if let Some(cr) = get_cr(&api, name).await {
-            if e2e::condition(&cr, "Available") == Some("True") {
-                return (now_ms(), cr);
-            }
-            assert!(started.elapsed() < timeout, "{name} not Available within {timeout:?}: {}", summary(&cr));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
+/// How many of the six servers say their link to a master is up (for [`crate::ClientSampler`]).
+const LINKS_UP: &str =
+    "(for i in 0 1 2 3 4 5; do (timeout 1 redis-cli -h shop-$i.shop-headless INFO replication 2>/dev/null \
+     | grep -c \"^master_link_status:up\") & done; wait) | awk \"{ s += \\$1 } END { print s + 0 }\"";
 
 /// A new user's cluster: `spec.replicas` left out (3 shards × (1 + 1) = 6 pods), Available
 /// waited for and nothing else, then 1000 keys and a master lost at once: every key stays,
@@ -173,23 +144,10 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     e2e::apply(&env, &env.namespace, &cr);
     super::super::apply_json(&env, &[client_pod("shop", &[])]);
     pod_ready(&env, "client", Duration::from_secs(60)).await;
-    let sampler = client_sh(&env, LINK_SAMPLER);
-    let (available_ms, at_available) = first_available(&env, "shop", Duration::from_secs(300)).await;
-    // The sampler's first round that began at or after Available was seen.
-    let mut samples = link_samples(&env);
-    for _ in 0..50 {
-        if samples.iter().any(|(t, _)| *t >= available_ms) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        samples = link_samples(&env);
-    }
-    client_sh(&env, &format!("kill {}", sampler.trim()));
-    let first = samples.first().map_or(u64::MAX, |s| s.0);
-    assert!(
-        first < available_ms,
-        "the sampler ran from before Available ({first} vs {available_ms}): {samples:?}"
-    );
+    let sampler = crate::ClientSampler::start(&env, LINKS_UP);
+    let (available_ms, at_available) =
+        crate::first_available(&env, REDIS, "shop", Duration::from_secs(300)).await;
+    let samples = sampler.stop_after(&env, available_ms).await;
     let at = samples.iter().find(|(t, _)| *t >= available_ms);
     let linked_ms = samples.iter().find(|(_, n)| *n >= 3).map(|s| s.0);
     eprintln!(

@@ -113,6 +113,19 @@ async fn make_cluster(env: &TestEnv, name: &str, replicas: u32) -> (String, Vec<
     make_cluster_with(env, name, replicas, json!({})).await
 }
 
+/// Applies the resource (`more` merged into its spec) and the client pod, which holds the
+/// passwords of the users `more` names.
+fn create_with_client(env: &TestEnv, name: &str, replicas: u32, more: &Value) {
+    let mut cr = sample("RedisCluster", name, REDIS_IMAGE, replicas);
+    for (k, v) in more.as_object().into_iter().flatten() {
+        cr["spec"][k] = v.clone();
+    }
+    let users: Vec<&str> =
+        more["users"].as_array().into_iter().flatten().filter_map(|u| u["name"].as_str()).collect();
+    e2e::apply(env, &env.namespace, &cr);
+    super::apply_json(env, &[client_pod(name, &users)]);
+}
+
 /// [`make_cluster`] with `more` merged into the spec (e.g. `users`).
 async fn make_cluster_with(
     env: &TestEnv,
@@ -120,18 +133,8 @@ async fn make_cluster_with(
     replicas: u32,
     more: Value,
 ) -> (String, Vec<String>, Duration) {
-    let mut cr = sample("RedisCluster", name, REDIS_IMAGE, replicas);
-    let mut users = Vec::new();
-    for (k, v) in more.as_object().into_iter().flatten() {
-        cr["spec"][k] = v.clone();
-    }
-    for u in more["users"].as_array().into_iter().flatten() {
-        users.push(u["name"].as_str().unwrap_or_default().to_string());
-    }
     let started = Instant::now();
-    e2e::apply(env, &env.namespace, &cr);
-    let users: Vec<&str> = users.iter().map(String::as_str).collect();
-    super::apply_json(env, &[client_pod(name, &users)]);
+    create_with_client(env, name, replicas, &more);
     wait_replicated(env, name, replicas as usize, Duration::from_secs(300)).await;
     let api = REDIS.api(env);
     wait_for(&format!("{name} rolled and converged"), Duration::from_secs(300), || {
@@ -640,6 +643,42 @@ async fn scales_in_past_the_master(env: &TestEnv, master: &str) {
     assert_eq!(readable, KEYS);
 }
 
+/// How many of the three servers say their link to a master is up (for
+/// [`crate::ClientSampler`]).
+const LINKS_UP: &str =
+    "(for i in 0 1 2; do (timeout 1 redis-cli -h cache-$i.cache-headless INFO replication 2>/dev/null \
+     | grep -c \"^master_link_status:up\") & done; wait) | awk \"{ s += \\$1 } END { print s + 0 }\"";
+
+/// [redundancy] must show 1 for replication mode: from before the new resource could be
+/// Available, the test's own client reads every server's `INFO replication` every 200 ms while
+/// the test reads the resource every 200 ms. The first time it is Available or Running, both
+/// replicas' links are up (the first sample at or after that moment) and `Redundant` is True.
+async fn available_only_when_linked(env: &TestEnv, more: &Value) {
+    let created_ms = now_ms();
+    create_with_client(env, "cache", 3, more);
+    super::pod_ready(env, "client", Duration::from_secs(120)).await;
+    let sampler = crate::ClientSampler::start(env, LINKS_UP);
+    let (available_ms, cr) = crate::first_available(env, REDIS, "cache", Duration::from_secs(300)).await;
+    let seen = sampler.stop_after(env, available_ms).await;
+    let at = seen.iter().find(|(t, _)| *t >= available_ms);
+    let linked_ms = seen.iter().find(|(_, n)| *n >= 2).map(|s| s.0);
+    eprintln!(
+        "realpods-redis: replication: Available {} ms after create, both replicas linked {:?} ms after create; sample at Available {at:?}",
+        available_ms - created_ms,
+        linked_ms.map(|l| l.saturating_sub(created_ms))
+    );
+    assert!(
+        at.is_some_and(|(_, n)| *n == 2),
+        "Available or Running while a replica was not linked: the sample at or after it says {at:?}; samples {seen:?}"
+    );
+    assert_eq!(e2e::condition(&cr, "Redundant"), Some("True"), "{}", summary(&cr));
+    stateward_testkit::report::seconds(
+        "redis.replication.available_after_create",
+        Duration::from_millis(available_ms - created_ms),
+        None,
+    );
+}
+
 /// Must show 4, then 1 on the same cluster (one formation less for the suite). 4: a user from `spec.users` with `keys: [app:*]` and `commands: [+get, +set]`
 /// (its password generated into `<name>-user-app`) sets and reads `app:x`, on the master and,
 /// replicated, on a replica; it is refused `FLUSHALL` and `other:x`; a wrong password and the
@@ -653,6 +692,7 @@ async fn acl_user_limited_to_its_keys_and_commands_then_a_deleted_and_a_hung_mas
         return;
     };
     let users = json!({ "users": [{ "name": "app", "keys": ["app:*"], "commands": ["+get", "+set"] }] });
+    available_only_when_linked(&env, &users).await;
     let (master, replicas, took) = make_cluster_with(&env, "cache", 3, users).await;
     eprintln!("realpods-redis: acl: master {master}, user app, {took:.1?} after create");
     let secret = kubectl_ok(&env, &["get", "secret", "cache-user-app", "-o", "jsonpath={.data.username}"]);
