@@ -84,12 +84,7 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
             let api = api.clone();
             async move {
                 let cr = get_cr(&api, "logs").await.ok_or("CR not found")?;
-                let c = cr
-                    .pointer("/status/conditions")
-                    .and_then(Value::as_array)
-                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Redundant"))
-                    .cloned()
-                    .unwrap_or(Value::Null);
+                let c = super::condition_object(&cr, "Redundant");
                 if c["status"] == want && (reason.is_empty() || c["reason"] == reason) {
                     Ok(c["message"].as_str().unwrap_or_default().to_string())
                 } else {

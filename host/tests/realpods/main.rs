@@ -517,6 +517,26 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The condition `type_` of the resource, whole (Null when it has none).
+fn condition_object(cr: &Value, type_: &str) -> Value {
+    cr.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Asserts that the first sample taken at or after `at_ms` counts `want` (`what` says what is
+/// counted); when the samples first counted it (ms since the epoch).
+fn assert_sampled_at(samples: &[(u64, i64)], at_ms: u64, want: i64, what: &str) -> Option<u64> {
+    let at = samples.iter().find(|(t, _)| *t >= at_ms);
+    assert!(
+        at.is_some_and(|(_, n)| *n == want),
+        "Available or Running while not {what}: the sample at or after it says {at:?}; samples {samples:?}"
+    );
+    samples.iter().find(|(_, n)| *n >= want).map(|s| s.0)
+}
+
 /// A loop in the client pod that writes `<ms since the epoch> <count>` every 200 ms, `count`
 /// being what a shell command prints (-1 when it prints nothing): the test's own view of the
 /// servers, to hold a resource's conditions against.
@@ -556,7 +576,7 @@ impl ClientSampler {
             tokio::time::sleep(Duration::from_millis(200)).await;
             seen = Self::samples(env);
         }
-        kubectl_ok(env, &["exec", "client", "--", "kill", &self.pid]);
+        kubectl_ok(env, &["exec", "client", "--", "sh", "-c", &format!("kill {}", self.pid)]);
         let first = seen.first().map_or(u64::MAX, |s| s.0);
         assert!(first < at_ms, "the sampler ran from before {at_ms} (first sample {first}): {seen:?}");
         seen
@@ -593,12 +613,7 @@ impl RedundantWatch {
         let task = tokio::spawn(async move {
             loop {
                 if let Some(cr) = get_cr(&api, &name).await {
-                    let c = cr
-                        .pointer("/status/conditions")
-                        .and_then(Value::as_array)
-                        .and_then(|cs| cs.iter().find(|c| c["type"] == "Redundant"))
-                        .cloned()
-                        .unwrap_or(Value::Null);
+                    let c = condition_object(&cr, "Redundant");
                     let status = c["status"].as_str().unwrap_or_default().to_string();
                     let message = c["message"].as_str().unwrap_or_default().to_string();
                     if let Ok(mut seen) = log.lock() {

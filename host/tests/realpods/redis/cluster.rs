@@ -148,16 +148,11 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     let (available_ms, at_available) =
         crate::first_available(&env, REDIS, "shop", Duration::from_secs(300)).await;
     let samples = sampler.stop_after(&env, available_ms).await;
-    let at = samples.iter().find(|(t, _)| *t >= available_ms);
-    let linked_ms = samples.iter().find(|(_, n)| *n >= 3).map(|s| s.0);
+    let linked_ms = crate::assert_sampled_at(&samples, available_ms, 3, "every replica linked");
     eprintln!(
-        "realpods-redis: cluster: Available {} ms after create, the 3 replicas linked {:?} ms after; sample at Available {at:?}",
+        "realpods-redis: cluster: Available {} ms after create, the 3 replicas linked {:?} ms after",
         available_ms - created_ms,
         linked_ms.map(|l| l.saturating_sub(created_ms))
-    );
-    assert!(
-        at.is_some_and(|(_, n)| *n == 3),
-        "Available while a replica was not linked: the sample at or after it says {at:?}; samples {samples:?}"
     );
     assert_eq!(e2e::condition(&at_available, "Redundant"), Some("True"), "{}", summary(&at_available));
     assert_eq!(at_available.pointer("/status/cluster/replicasLinked"), Some(&json!(true)));
