@@ -545,10 +545,11 @@ struct ClientSampler {
 }
 
 impl ClientSampler {
-    /// Starts `count` (a command for `sh -c '…'`: no single quote unescaped) in the pod `client`.
+    /// Starts `count` (a command for `sh -c '…'`: no single quote unescaped; spaced inside `$( … )`
+    /// so that one starting with a subshell is not read as `$((` arithmetic) in the pod `client`.
     fn start(env: &TestEnv, count: &str) -> Self {
         let script = format!(
-            "nohup sh -c 'while :; do t=$(date +%s%3N); n=$({count}); echo \"$t ${{n:--1}}\"; sleep 0.2; done' \
+            "nohup sh -c 'while :; do t=$(date +%s%3N); n=$( {count} ); echo \"$t ${{n:--1}}\"; sleep 0.2; done' \
              >/tmp/samples 2>/dev/null </dev/null & echo $!"
         );
         let pid = kubectl_ok(env, &["exec", "client", "--", "sh", "-c", &script]).trim().to_string();
@@ -576,7 +577,11 @@ impl ClientSampler {
             tokio::time::sleep(Duration::from_millis(200)).await;
             seen = Self::samples(env);
         }
-        kubectl_ok(env, &["exec", "client", "--", "sh", "-c", &format!("kill {}", self.pid)]);
+        // Gone already is fine here: the samples say whether it ran past `at_ms`.
+        kubectl_ok(
+            env,
+            &["exec", "client", "--", "sh", "-c", &format!("kill {} 2>/dev/null; true", self.pid)],
+        );
         let first = seen.first().map_or(u64::MAX, |s| s.0);
         assert!(first < at_ms, "the sampler ran from before {at_ms} (first sample {first}): {seen:?}");
         seen
