@@ -41,6 +41,42 @@ fn curl(env: &TestEnv, pod: &str, args: &[&str]) -> String {
     kubectl_ok(env, &full)
 }
 
+/// 1 while the cluster behind `logs-http` says green with all 6 nodes joined, else 0 (for
+/// [`super::ClientSampler`]).
+const GREEN_WITH_SIX: &str =
+    "curl -s -m 1 http://logs-http:9200/_cluster/health?filter_path=status,number_of_nodes \
+    | tr -d \\\" | grep -c status:green,number_of_nodes:6";
+
+/// [redundancy] must show 1 for OpenSearch: from before the new cluster could be Available, the
+/// test's own client asks `_cluster/health` every 200 ms while the test reads the resource every
+/// 200 ms. The first time it is Available or Running, the cluster is green with every node
+/// joined (the first sample at or after that moment) and `Redundant` is True.
+async fn available_only_when_green(env: &TestEnv) {
+    let created_ms = super::now_ms();
+    e2e::apply(env, &env.namespace, &node_sets_cluster("logs"));
+    super::apply_json(
+        env,
+        &[stateward_testkit::real::client_pod("client", OPENSEARCH_IMAGE, 1000, json!([]))],
+    );
+    super::pod_ready(env, "client", Duration::from_secs(120)).await;
+    let sampler = super::ClientSampler::start(env, GREEN_WITH_SIX);
+    let (available_ms, cr) =
+        super::first_available(env, e2e::ELASTICSEARCH, "logs", Duration::from_secs(420)).await;
+    let seen = sampler.stop_after(env, available_ms).await;
+    let green_ms = super::assert_sampled_at(&seen, available_ms, 1, "green with every node joined");
+    eprintln!(
+        "realpods[es]: Available {} ms after create, green with 6 nodes {:?} ms after create",
+        available_ms - created_ms,
+        green_ms.map(|g| g.saturating_sub(created_ms))
+    );
+    assert_eq!(e2e::condition(&cr, "Redundant"), Some("True"), "{}", summary(&cr));
+    stateward_testkit::report::seconds(
+        "opensearch.six_nodes.available_after_create",
+        Duration::from_millis(available_ms - created_ms),
+        None,
+    );
+}
+
 /// Must-show 1 of the issue, and health read over http: `masters` (3, master only) and `data`
 /// (3, data and ingest) form one green cluster; every node has the roles of its set; the
 /// formation is recorded and the bootstrap list is emptied; an index whose replicas cannot all
@@ -55,7 +91,7 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
     op.wait_ready(Duration::from_secs(60)).await;
     let api = e2e::ELASTICSEARCH.api(&env);
     let created = Instant::now();
-    e2e::apply(&env, &env.namespace, &node_sets_cluster("logs"));
+    available_only_when_green(&env).await;
     let health = |want: &'static str| {
         let api = api.clone();
         move || {
