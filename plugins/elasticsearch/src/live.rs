@@ -21,6 +21,11 @@ pub const FORMING_POLL_MS: u64 = 2_000;
 const TIMEOUT_MS: u32 = 5_000;
 const HEALTH_ID: &str = "cluster-health";
 const NODES_ID: &str = "nodes";
+/// Asked while the health is not green: which copy is unassigned and why (the cluster picks one).
+const UNASSIGNED_ID: &str = "unassigned-copy";
+const UNASSIGNED_PATH: &str = "/_cluster/allocation/explain?filter_path=index,shard,primary,unassigned_info.reason,allocate_explanation";
+/// The most of the cluster's own explanation a condition message carries.
+const EXPLANATION_CHARS: usize = 200;
 
 /// Not green (yellow counts 1, red 2) on three answers in a row.
 pub const HEALTH: Threshold = Threshold { key: "clusterHealth", reason: "ClusterNotGreen", times: 3 };
@@ -125,7 +130,17 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     let answer = response(input.responses, HEALTH_ID);
     let health_answer =
         answer.map(|a| serde_json::from_str::<Value>(&a.stdout).ok().filter(|_| a.succeeded()));
-    live.redundancy = Some(redundancy(health_answer.as_ref(), nodes));
+    let not_green = health_answer.as_ref().and_then(Option::as_ref).is_some_and(|h| h["status"] != "green");
+    let unassigned = match not_green {
+        true => {
+            live.actions.push(poll(UNASSIGNED_ID, UNASSIGNED_PATH, every));
+            response(input.responses, UNASSIGNED_ID)
+                .filter(|a| a.succeeded())
+                .and_then(|a| serde_json::from_str::<Value>(&a.stdout).ok())
+        }
+        false => None,
+    };
+    live.redundancy = Some(redundancy(health_answer.as_ref(), nodes, unassigned.as_ref()));
     let Some(answer) = answer else {
         // Asked, no answer yet (a new leader): the last health read and its check's streaks
         // stay, over the base status's "unknown", until the answer (the SDK holds the
@@ -198,8 +213,9 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
 
 /// Redundancy from the last health answer (None: none yet; Some(None): no health in it) for a
 /// cluster of `nodes` nodes: green (every replica shard assigned) with every node joined. A
-/// single node never is: its shards' replicas have nowhere to go.
-pub fn redundancy(health: Option<&Option<Value>>, nodes: u64) -> Redundancy {
+/// single node never is: its shards' replicas have nowhere to go. `unassigned`: the cluster's
+/// allocation explanation of one unassigned copy, named in the message when there is one.
+pub fn redundancy(health: Option<&Option<Value>>, nodes: u64, unassigned: Option<&Value>) -> Redundancy {
     if nodes <= 1 {
         return Redundancy::not_promised("a single node holds the only copy of every shard");
     }
@@ -207,17 +223,36 @@ pub fn redundancy(health: Option<&Option<Value>>, nodes: u64) -> Redundancy {
     let Some(h) = answer else { return Redundancy::lacking("NoHealth", "the cluster's health is not known") };
     let status = h["status"].as_str().unwrap_or("unknown");
     let joined = h["number_of_nodes"].as_u64().unwrap_or(0);
-    let unassigned = h["unassigned_shards"].as_u64().unwrap_or(0);
     if status != "green" {
-        return Redundancy::lacking(
-            "ShardCopiesUnassigned",
-            format!("cluster health {status}: {unassigned} shard copies unassigned"),
-        );
+        let count = h["unassigned_shards"].as_u64().unwrap_or(0);
+        let mut message = format!("cluster health {status}: {count} shard copies unassigned");
+        if let Some(copy) = unassigned.and_then(unassigned_copy) {
+            message.push_str(&format!(", among them {copy}"));
+        }
+        return Redundancy::lacking("ShardCopiesUnassigned", message);
     }
     if joined < nodes {
         return Redundancy::lacking("NodesMissing", format!("{joined} of {nodes} nodes joined"));
     }
     Redundancy::redundant(format!("cluster health green: every shard copy assigned on {joined} nodes"))
+}
+
+/// One unassigned copy as an allocation explanation names it: "index logs shard 0 (a replica,
+/// REPLICA_ADDED): cannot allocate because …" (the explanation cut to a bounded length).
+fn unassigned_copy(explain: &Value) -> Option<String> {
+    let index = explain["index"].as_str()?;
+    let shard = explain["shard"].as_u64()?;
+    let kind = if explain["primary"].as_bool()? { "the primary" } else { "a replica" };
+    let mut out = format!("index {index} shard {shard} ({kind}");
+    if let Some(reason) = explain.pointer("/unassigned_info/reason").and_then(Value::as_str) {
+        out.push_str(&format!(", {reason}"));
+    }
+    out.push(')');
+    if let Some(why) = explain["allocate_explanation"].as_str() {
+        let why: String = why.chars().take(EXPLANATION_CHARS).collect();
+        out.push_str(&format!(": {why}"));
+    }
+    Some(out)
 }
 
 /// `{name, roles}` of each node from a `GET /_nodes` answer, by name.

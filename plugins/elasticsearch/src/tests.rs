@@ -796,8 +796,8 @@ fn an_unformed_cluster_rolls_by_readiness_one_node_at_a_time() {
     assert!(deleted(&p).is_empty());
 }
 
-/// `Redundant`: green with every node joined; yellow names its unassigned copies; a single node
-/// never is, and says why.
+/// `Redundant`: green with every node joined; yellow counts its unassigned copies and names one
+/// the cluster explained; a single node never is, and says why.
 #[test]
 fn redundancy_is_green_health_with_every_node_joined() {
     use crate::live::redundancy;
@@ -805,13 +805,45 @@ fn redundancy_is_green_health_with_every_node_joined() {
     let h = |status: &str, nodes: u64, unassigned: u64| {
         Some(json!({ "status": status, "number_of_nodes": nodes, "unassigned_shards": unassigned }))
     };
-    assert_eq!(redundancy(Some(&h("green", 3, 0)), 3).verdict, Verdict::Redundant);
-    let yellow = redundancy(Some(&h("yellow", 3, 4)), 3);
+    assert_eq!(redundancy(Some(&h("green", 3, 0)), 3, None).verdict, Verdict::Redundant);
+    let yellow = redundancy(Some(&h("yellow", 3, 4)), 3, None);
     assert_eq!((yellow.verdict, yellow.reason.as_str()), (Verdict::Lacking, "ShardCopiesUnassigned"));
     assert!(yellow.message.contains("4 shard copies unassigned"), "{yellow:?}");
-    assert_eq!(redundancy(Some(&h("green", 2, 0)), 3).reason, "NodesMissing");
-    assert_eq!(redundancy(None, 3).verdict, Verdict::Unknown);
-    assert_eq!(redundancy(Some(&None), 3).reason, "NoHealth");
-    let single = redundancy(Some(&h("green", 1, 0)), 1);
+    let explain = json!({
+        "index": "logs", "shard": 2, "primary": false,
+        "unassigned_info": { "reason": "REPLICA_ADDED" },
+        "allocate_explanation": format!("cannot allocate because {}", "x".repeat(500)),
+    });
+    let named = redundancy(Some(&h("yellow", 3, 1)), 3, Some(&explain));
+    assert!(
+        named.message.starts_with("cluster health yellow: 1 shard copies unassigned, among them index logs shard 2 (a replica, REPLICA_ADDED): cannot allocate because xxx"),
+        "{named:?}"
+    );
+    assert!(named.message.len() < 400, "the cluster's explanation is cut: {}", named.message.len());
+    assert_eq!(redundancy(Some(&h("green", 2, 0)), 3, None).reason, "NodesMissing");
+    assert_eq!(redundancy(None, 3, None).verdict, Verdict::Unknown);
+    assert_eq!(redundancy(Some(&None), 3, None).reason, "NoHealth");
+    let single = redundancy(Some(&h("green", 1, 0)), 1, None);
     assert_eq!((single.verdict, single.reason.as_str()), (Verdict::NotPromised, "SingleMember"));
+}
+
+/// The unassigned copy is asked about only while the health is not green, and its answer names
+/// the index in `Redundant`'s message.
+#[test]
+fn an_unassigned_copy_is_asked_about_while_not_green_and_named() {
+    let explains = |p: &stateward_sdk::Plan| {
+        sent(p, "GET").iter().filter(|h| h.path.starts_with("/_cluster/allocation/explain")).count()
+    };
+    let p = drain_plan((3, 3), (3, 3), vec![health("green", 6, 1_000)]);
+    assert_eq!(explains(&p), 0, "nothing to explain while green");
+    let p = drain_plan((3, 3), (3, 3), vec![health("yellow", 6, 1_000)]);
+    assert_eq!(explains(&p), 1);
+    let explained = answer(
+        "unassigned-copy",
+        json!({ "index": "orders", "shard": 0, "primary": false, "allocate_explanation": "cannot allocate" }),
+    );
+    let p = drain_plan((3, 3), (3, 3), vec![health("yellow", 6, 1_000), explained]);
+    let c = p.status.conditions.iter().find(|c| c.type_ == "Redundant").unwrap();
+    assert_eq!(c.reason, "ShardCopiesUnassigned");
+    assert!(c.message.contains("index orders shard 0 (a replica): cannot allocate"), "{}", c.message);
 }

@@ -77,6 +77,8 @@ pub struct View {
     pub writes_held: bool,
     /// A replica whose link to its master is up (`master_link_status:up`): it holds a copy.
     pub link_up: bool,
+    /// Its replication offset (`INFO replication`): a master's own, a replica's processed one.
+    pub offset: Option<u64>,
 }
 
 impl View {
@@ -114,6 +116,15 @@ pub fn parse(out: &str) -> Option<View> {
         }
         if line == "master_link_status:up" {
             v.link_up = true;
+            continue;
+        }
+        // A replica prints both; its processed offset is the one to compare with its master's.
+        if let Some(n) = line.strip_prefix("slave_repl_offset:") {
+            v.offset = n.trim().parse().ok();
+            continue;
+        }
+        if let Some(n) = line.strip_prefix("master_repl_offset:") {
+            v.offset = v.offset.or(n.trim().parse().ok());
             continue;
         }
         if let Some((k, val)) = line.split_once(':').filter(|(k, _)| k.starts_with("cluster_")) {

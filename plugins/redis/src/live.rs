@@ -751,6 +751,7 @@ fn cluster_live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
         &d,
         usize::try_from(shards).unwrap_or(0),
         usize::try_from(per_shard).unwrap_or(0),
+        stateward_sdk::redundancy::was_redundant(input.status),
     );
     // Beside `formed`: every shard's promised replicas linked (kept while not known yet).
     let linked = match r.verdict {

@@ -2,7 +2,7 @@
 //! what the servers answered: in replication mode every replica of the master linked
 //! (`master_link_status:up`, which a replica reaches only once its first full copy is loaded)
 //! and caught up; in cluster mode every shard's master with its `replicasPerShard` replicas
-//! linked. A replica the servers list but whose own server says its link is down holds no
+//! linked and caught up. A replica the servers list but whose own server says its link is down holds no
 //! copy a failover could use: a master lost then takes its writes with it.
 
 use stateward_sdk::redundancy::{absent, caught_up, tally, CopyState, Redundancy};
@@ -67,13 +67,16 @@ pub fn replication(
 }
 
 /// Cluster mode: `shards` masters serving every slot, each with `per_shard` replicas whose own
-/// server says its link to that master is up. `pods` are in the order of `members`.
+/// server says its link to that master is up and whose offset is within the hysteresis bounds
+/// of the master's (`was_redundant`: the verdict written last). `pods` are in the order of
+/// `members`.
 pub fn cluster(
     pods: &[Pod],
     members: &[cluster::Member],
     d: &cluster::Decision,
     shards: usize,
     per_shard: usize,
+    was_redundant: bool,
 ) -> Redundancy {
     if per_shard == 0 {
         return Redundancy::not_promised(
@@ -110,12 +113,30 @@ pub fn cluster(
                 shard.master.get(..12).unwrap_or(&shard.master)
             ),
         };
+        let offset_of = |pod: &str| match &members.iter().find(|m| m.pod == pod)?.answer {
+            Some(Ok(v)) => v.offset,
+            _ => None,
+        };
+        let master_offset = offset_of(&shard.master);
         for replica in &shard.replicas {
             let pod = pods.iter().zip(members).find(|(p, _)| &p.name == replica);
             match pod.map(|(p, m)| (p, &m.answer)) {
                 Some((p, _)) if !p.ready => lacking.push(format!("{replica} is not ready")),
                 Some((p, None)) if p.asked => unknown = true,
-                Some((_, Some(Ok(v)))) if v.link_up => {}
+                Some((_, Some(Ok(v)))) if v.link_up => {
+                    // Each server is polled on its own: a master read after its replica can
+                    // be ahead by what was written in between, which the bounds allow for.
+                    let lag = master_offset.zip(v.offset).map(|(m, r)| m.saturating_sub(r));
+                    match lag {
+                        Some(l) if caught_up(l, was_redundant) => {}
+                        Some(l) => lacking.push(format!("{replica} is {l} bytes behind {master}")),
+                        // The master not heard from yet: known on its first answer.
+                        None if members.iter().any(|m| m.pod == shard.master && m.answer.is_none()) => {
+                            unknown = true
+                        }
+                        None => lacking.push(format!("{replica}'s offset behind {master} is not known")),
+                    }
+                }
                 Some((_, Some(Ok(_)))) => lacking.push(format!("{replica}'s link to {master} is down")),
                 Some((_, Some(Err(e)))) => lacking.push(format!("{replica} did not answer: {e}")),
                 _ => lacking.push(format!("{replica} is not a pod that answers")),

@@ -19,9 +19,13 @@ fn pod(i: usize, ready: bool) -> Value {
     pod
 }
 
+/// The offset every master of [`answer`] is at.
+const MASTER_OFFSET: u64 = 50 * 1024 * 1024;
+
 /// What pod `i` of a formed 3 × 1 cluster answers (cache-3..5 follow cache-0..2); `linked`:
-/// whether replica `i`'s own server says its link is up.
-fn answer(i: usize, linked: &[bool; 6]) -> String {
+/// whether replica `i`'s own server says its link is up; `behind`: how many bytes replica `i`
+/// is behind its master.
+fn answer(i: usize, linked: &[bool; 6], behind: &[u64; 6]) -> String {
     let slots = ["0-5460", "5461-10922", "10923-16383"];
     let nodes: String = (0..6)
         .map(|n| {
@@ -36,9 +40,13 @@ fn answer(i: usize, linked: &[bool; 6]) -> String {
         })
         .collect();
     let link = if i >= 3 {
-        format!("role:slave\r\nmaster_link_status:{}\r\n", if linked[i] { "up" } else { "down" })
+        format!(
+            "role:slave\r\nmaster_link_status:{}\r\nslave_repl_offset:{}\r\nmaster_repl_offset:{MASTER_OFFSET}\r\n",
+            if linked[i] { "up" } else { "down" },
+            MASTER_OFFSET - behind[i]
+        )
     } else {
-        "role:master\r\n".into()
+        format!("role:master\r\nmaster_repl_offset:{MASTER_OFFSET}\r\n")
     };
     format!("cluster_state:ok\r\ncluster_slots_assigned:{SLOTS}\r\ncluster_slots_ok:{SLOTS}\r\ncluster_known_nodes:6\r\n{nodes}# Replication\r\n{link}")
 }
@@ -46,7 +54,7 @@ fn answer(i: usize, linked: &[bool; 6]) -> String {
 /// A cluster-mode resource of 3 shards × 1 replica, `spec.replicas` unset, whose status says
 /// `status`, every pod Ready unless in `not_ready`, answering with `linked`.
 fn reconcile(status: Value, linked: [bool; 6], not_ready: &[usize]) -> stateward_sdk::Plan {
-    reconcile_spec(json!({}), status, linked, not_ready)
+    reconcile_spec(json!({}), status, linked, not_ready, [0; 6])
 }
 
 /// [`reconcile`] with `extra` merged into the spec.
@@ -55,6 +63,7 @@ fn reconcile_spec(
     status: Value,
     linked: [bool; 6],
     not_ready: &[usize],
+    behind: [u64; 6],
 ) -> stateward_sdk::Plan {
     let mut cr = tk::cr("RedisCluster", "cache", spec());
     for (k, v) in extra.as_object().unwrap() {
@@ -72,7 +81,7 @@ fn reconcile_spec(
         o.responses.push(stateward_sdk::Response {
             id: format!("cluster-cache-{i}-cache-{i}--r0"),
             code: Some(0),
-            stdout: answer(i, &linked),
+            stdout: answer(i, &linked, &behind),
             ..Default::default()
         });
     }
@@ -109,7 +118,7 @@ fn a_new_cluster_is_available_only_once_every_replica_is_linked() {
     assert!(redundant(&p).2.contains("cache-4 is not ready"), "{:?}", redundant(&p));
 
     // A user who asks not to wait gets Running as soon as the pods are ready.
-    let unwaited = reconcile_spec(json!({ "waitForRedundancy": false }), forming.clone(), [false; 6], &[]);
+    let unwaited = reconcile_spec(json!({ "waitForRedundancy": false }), forming.clone(), [false; 6], &[], [0; 6]);
     assert_eq!(unwaited.status.phase, stateward_sdk::Phase::Running);
     assert_eq!(redundant(&unwaited).0, "False", "and still the truth about redundancy");
 
@@ -125,6 +134,33 @@ fn a_new_cluster_is_available_only_once_every_replica_is_linked() {
     assert_eq!(tk::condition(&p, "Available").0, "True", "Available keeps meaning the service answers");
     assert_eq!(redundant(&p).0, "False");
     assert!(redundant(&p).2.contains("cache-4's link to cache-1 is down"), "{:?}", redundant(&p));
+}
+
+/// A linked replica counts only once it has caught up with its master's offset: 4 MiB behind
+/// holds a new cluster at Pending; once Redundant, the same lag keeps it (hysteresis) and
+/// 20 MiB turns it False, naming the replica and its master.
+#[test]
+fn a_cluster_replica_counts_once_caught_up_with_its_master() {
+    const MIB: u64 = 1024 * 1024;
+    let forming = json!({ "phase": "Pending", "cluster": { "formed": true, "formation": "Formed" } });
+    let p = reconcile_spec(json!({}), forming.clone(), [true; 6], &[], [0, 0, 0, 0, 4 * MIB, 0]);
+    assert_eq!(p.status.phase, stateward_sdk::Phase::Pending);
+    let (status, reason, message) = redundant(&p);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "CopiesMissing"));
+    assert_eq!(message, format!("cache-4 is {} bytes behind cache-1", 4 * MIB));
+    let p = reconcile_spec(json!({}), forming, [true; 6], &[], [0, 0, 0, 0, 512 * 1024, 0]);
+    assert_eq!((p.status.phase, redundant(&p).0.as_str()), (stateward_sdk::Phase::Running, "True"));
+
+    let redundant_status = json!({
+        "phase": "Running",
+        "cluster": { "formed": true, "formation": "Formed" },
+        "conditions": [{ "type": "Redundant", "status": "True", "reason": "Redundant", "message": "" }],
+    });
+    let p = reconcile_spec(json!({}), redundant_status.clone(), [true; 6], &[], [0, 0, 0, 0, 4 * MIB, 0]);
+    assert_eq!(redundant(&p).0, "True", "a lag under the fallen-behind bound does not flap it");
+    let p = reconcile_spec(json!({}), redundant_status, [true; 6], &[], [0, 0, 0, 20 * MIB, 0, 0]);
+    assert_eq!(redundant(&p).0, "False");
+    assert_eq!(redundant(&p).2, format!("cache-3 is {} bytes behind cache-0", 20 * MIB));
 }
 
 /// Replication mode: the master's replicas linked and caught up; a standalone server promises
