@@ -58,23 +58,14 @@ async fn available_only_when_green(env: &TestEnv) {
         env,
         &[stateward_testkit::real::client_pod("client", OPENSEARCH_IMAGE, 1000, json!([]))],
     );
-    super::pod_ready(env, "client", Duration::from_secs(120)).await;
-    let sampler = super::ClientSampler::start(env, GREEN_WITH_SIX);
-    let (available_ms, cr) =
-        super::first_available(env, e2e::ELASTICSEARCH, "logs", Duration::from_secs(420)).await;
-    let seen = sampler.stop_after(env, available_ms).await;
-    let green_ms = super::assert_sampled_at(&seen, available_ms, 1, "green with every node joined");
-    eprintln!(
-        "realpods[es]: Available {} ms after create, green with 6 nodes {:?} ms after create",
-        available_ms - created_ms,
-        green_ms.map(|g| g.saturating_sub(created_ms))
-    );
-    assert_eq!(e2e::condition(&cr, "Redundant"), Some("True"), "{}", summary(&cr));
-    stateward_testkit::report::seconds(
-        "opensearch.six_nodes.available_after_create",
-        Duration::from_millis(available_ms - created_ms),
-        None,
-    );
+    let promised = super::Promised {
+        count: GREEN_WITH_SIX,
+        want: 1,
+        what: "green with every node joined",
+        figure: "opensearch.six_nodes.available_after_create",
+    };
+    super::available_only_when(env, e2e::ELASTICSEARCH, "logs", created_ms, Duration::from_secs(420), promised)
+        .await;
 }
 
 /// Must-show 1 of the issue, and health read over http: `masters` (3, master only) and `data`
@@ -114,24 +105,24 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
     );
     stateward_testkit::report::seconds("opensearch.six_nodes.green_after_create", took, None);
     // Green with every node joined is redundant: every shard has its copies.
-    let redundant = |want: &'static str, reason: &'static str| {
+    // `Redundant` with this status, reason (any if empty) and a message containing `names`.
+    let redundant = |want: &'static str, reason: &'static str, names: &'static str| {
         let api = api.clone();
         move || {
             let api = api.clone();
             async move {
                 let cr = get_cr(&api, "logs").await.ok_or("CR not found")?;
                 let c = super::condition_object(&cr, "Redundant");
-                if c["status"] == want && (reason.is_empty() || c["reason"] == reason) {
-                    Ok(c["message"].as_str().unwrap_or_default().to_string())
+                let message = c["message"].as_str().unwrap_or_default();
+                if c["status"] == want && (reason.is_empty() || c["reason"] == reason) && message.contains(names) {
+                    Ok(message.to_string())
                 } else {
                     Err(format!("Redundant {c}"))
                 }
             }
         }
     };
-    let (message, _) =
-        wait_for("Redundant True at formation", Duration::from_secs(60), redundant("True", "")).await;
-    assert!(message.contains("green"), "{message}");
+    wait_for("Redundant True at formation", Duration::from_secs(60), redundant("True", "", "green")).await;
     let formed_at = cr.pointer("/status/formation/formedAt").and_then(Value::as_u64);
     assert!(formed_at.is_some(), "no formation recorded: {}", summary(&cr));
     assert_eq!(
@@ -256,14 +247,15 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
     )
     .await;
     // [redundancy] must show 3: a copy that cannot be placed is redundancy lacking, said so
-    // with the count of unassigned copies; True again once green.
+    // with the count of unassigned copies and the copy named (the cluster's allocation
+    // explanation, asked once the health is not green); True again once green.
     let (message, lacked) = wait_for(
-        "Redundant False/ShardCopiesUnassigned",
+        "Redundant False/ShardCopiesUnassigned naming index notes",
         Duration::from_secs(90),
-        redundant("False", "ShardCopiesUnassigned"),
+        redundant("False", "ShardCopiesUnassigned", "index notes shard 0 (a replica"),
     )
     .await;
-    assert!(message.contains("unassigned"), "{message}");
+    assert!(message.contains("1 shard copies unassigned"), "{message}");
     stateward_testkit::report::seconds(
         "opensearch.copy_unplaced.redundant_false_after",
         yellowed.elapsed(),
@@ -279,7 +271,7 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
     let greened = Instant::now();
     wait_for("clusterHealth green again", Duration::from_secs(60), health("green")).await;
     let (h, _) = wait_for("ServiceHealthy True again", Duration::from_secs(60), condition("True/")).await;
-    wait_for("Redundant True again", Duration::from_secs(60), redundant("True", "")).await;
+    wait_for("Redundant True again", Duration::from_secs(60), redundant("True", "", "")).await;
     stateward_testkit::report::seconds(
         "opensearch.copy_placed.redundant_again_after",
         greened.elapsed(),

@@ -604,6 +604,78 @@ async fn first_available(env: &TestEnv, kind: e2e::Kind, name: &str, timeout: Du
     }
 }
 
+/// What the test's own client counts while a new resource forms ([`available_only_when`]).
+struct Promised<'a> {
+    /// A shell command printing the count (for [`ClientSampler::start`]).
+    count: &'a str,
+    /// The count once the promised redundancy exists.
+    want: i64,
+    /// What it counts, for the messages.
+    what: &'a str,
+    /// The report figure of the time from create to Available.
+    figure: &'a str,
+}
+
+/// [redundancy] must show 1: the resource `name` was applied at `created_ms` beside the client
+/// pod `client`; from before it could be Available, the client counts `p.count` every 200 ms
+/// while the test reads the resource every 200 ms, as `kubectl wait` would. The first time it
+/// is Available or Running, the count is `p.want` (the first sample at or after that moment)
+/// and `Redundant` is True. Returns when it was first Available and when the client first
+/// counted `p.want` (ms since the epoch), and the resource as read then.
+async fn available_only_when(
+    env: &TestEnv,
+    kind: e2e::Kind,
+    name: &str,
+    created_ms: u64,
+    timeout: Duration,
+    p: Promised<'_>,
+) -> (u64, Option<u64>, Value) {
+    pod_ready(env, "client", Duration::from_secs(120)).await;
+    let sampler = ClientSampler::start(env, p.count);
+    let (available_ms, cr) = first_available(env, kind, name, timeout).await;
+    let seen = sampler.stop_after(env, available_ms).await;
+    let counted_ms = assert_sampled_at(&seen, available_ms, p.want, p.what);
+    eprintln!(
+        "realpods: {name}: Available {} ms after create, {} {:?} ms after create",
+        available_ms - created_ms,
+        p.what,
+        counted_ms.map(|c| c.saturating_sub(created_ms))
+    );
+    assert_eq!(condition(&cr, "Redundant"), Some("True"), "{}", summary(&cr));
+    stateward_testkit::report::seconds(p.figure, Duration::from_millis(available_ms - created_ms), None);
+    (available_ms, counted_ms, cr)
+}
+
+/// [redundancy] must show 3: the pod `pod` holding a copy of the resource `name` is deleted
+/// (`--grace-period=0`); `Redundant` turns False naming it while `Available` stays True, and
+/// True again once its copy is back. Reports `<figure>.redundant_false_after` and
+/// `<figure>.redundant_again_after`.
+async fn copy_lost(env: &TestEnv, kind: e2e::Kind, name: &str, pod: &str, figure: &str) {
+    let watch = RedundantWatch::start(env, kind, name);
+    let fault_ms = now_ms();
+    kubectl_ok(env, &["delete", "pod", pod, "--grace-period=0", "--force", "--wait=false"]);
+    let api = kind.api(env);
+    let (_, back) = wait_for(&format!("{name} Redundant False, then True again"), Duration::from_secs(180), || {
+        let (api, seen) = (api.clone(), watch.seen());
+        async move {
+            let lacked = seen.iter().position(|(_, status, _)| status == "False");
+            match lacked.and_then(|i| seen[i..].iter().find(|(_, status, _)| status == "True")) {
+                Some(_) => Ok(()),
+                None => Err(format!("{seen:?}; now {}", summary(&get_cr(&api, name).await.ok_or("CR not found")?))),
+            }
+        }
+    })
+    .await;
+    let seen = watch.stop();
+    let cr = get_cr(&api, name).await.expect("CR");
+    eprintln!("realpods: {name}: {pod} deleted; Redundant verdicts {seen:?}; True again {back:.1?} after");
+    let first_false = seen.iter().find(|(_, status, _)| status == "False").expect("a False verdict");
+    assert!(first_false.2.contains(pod), "the False verdict names the lost copy {pod}: {first_false:?}");
+    assert_eq!(condition(&cr, "Available"), Some("True"), "the service answered throughout: {}", summary(&cr));
+    redundant_false_after(&format!("{figure}.redundant_false_after"), first_false.0.saturating_sub(fault_ms));
+    stateward_testkit::report::seconds(&format!("{figure}.redundant_again_after"), back, None);
+}
+
 /// Reports how long `Redundant` took to turn False after a copy was lost: two polls (2 s each)
 /// as the target. The test fails only past 30 s, a liveness ceiling: the verdict waits for the
 /// operator's next poll answers, and on a loaded 2-core machine three tests at once measured

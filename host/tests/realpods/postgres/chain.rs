@@ -76,7 +76,8 @@ async fn one_cluster_forms_rides_out_a_stall_switches_over_and_fails_over() {
     let lost_in_failover = step(4, "failover", failover(env, &primary)).await;
     let (_, standbys) = invariants(env, "the failover", &acked, &lost_in_failover).await;
 
-    step(5, "standby lost", standby_lost(env, &standbys[0])).await;
+    // [redundancy] must show 3 (see `copy_lost`): a standby's pod deleted.
+    step(5, "standby lost", crate::copy_lost(env, POSTGRES, "pg", &standbys[0], "pg.standby_lost")).await;
     invariants(env, "the standby's loss", &acked, &lost_in_failover).await;
     drop(op);
 }
@@ -84,31 +85,19 @@ async fn one_cluster_forms_rides_out_a_stall_switches_over_and_fails_over() {
 /// How many standbys the primary behind `-rw` lists as streaming (for [`crate::ClientSampler`]).
 const STREAMING: &str = "timeout 1 psql -h pg-rw -XAtc \"select count(*) from pg_stat_replication where state = '\\''streaming'\\''\" 2>/dev/null";
 
-/// [redundancy] must show 1 for PostgreSQL: the cluster is created (3 instances) and, from
-/// before it could be Available, the test's own client reads `pg_stat_replication` every 200 ms
-/// while the test reads the resource every 200 ms, as `kubectl wait` would. The first time it
-/// is Available or Running, both standbys stream (the first sample at or after that moment);
-/// `Redundant` is True with it. The first-True time after create is reported.
+/// [redundancy] must show 1 for PostgreSQL (see [`crate::available_only_when`]): the client
+/// counts the standbys streaming in the `pg_stat_replication` of the primary behind `-rw`.
 async fn available_only_when_streaming(env: &TestEnv) {
     let created_ms = now_ms();
     e2e::apply(env, &env.namespace, &sample("PostgresCluster", "pg", PG_IMAGE, 3));
     super::super::apply_json(env, &[client_pod("pg")]);
-    pod_ready(env, "client", Duration::from_secs(120)).await;
-    let sampler = crate::ClientSampler::start(env, STREAMING);
-    let (available_ms, cr) = crate::first_available(env, POSTGRES, "pg", Duration::from_secs(420)).await;
-    let seen = sampler.stop_after(env, available_ms).await;
-    let streaming_ms = crate::assert_sampled_at(&seen, available_ms, 2, "both standbys streaming");
-    eprintln!(
-        "realpods-pg: Available {} ms after create, both standbys streaming {:?} ms after create",
-        available_ms - created_ms,
-        streaming_ms.map(|s| s.saturating_sub(created_ms))
-    );
-    assert_eq!(e2e::condition(&cr, "Redundant"), Some("True"), "{}", summary(&cr));
-    stateward_testkit::report::seconds(
-        "pg.three_instances.available_after_create",
-        Duration::from_millis(available_ms - created_ms),
-        None,
-    );
+    let promised = crate::Promised {
+        count: STREAMING,
+        want: 2,
+        what: "both standbys streaming",
+        figure: "pg.three_instances.available_after_create",
+    };
+    crate::available_only_when(env, POSTGRES, "pg", created_ms, Duration::from_secs(420), promised).await;
 }
 
 /// Must show 1: a three-instance cluster replicates. A row written through `-rw` is read
@@ -427,47 +416,3 @@ async fn failover(env: &TestEnv, old: &str) -> Vec<u64> {
     lost
 }
 
-/// [redundancy] must show 3: a standby's pod deleted turns `Redundant` False with a message
-/// naming it (two polls, 2 s each, the target; see `redundant_false_after`); `Available` is True after
-/// it (the primary answered throughout); `Redundant` is True again once the standby streams and
-/// has caught up. Both times are reported.
-async fn standby_lost(env: &TestEnv, standby: &str) {
-    let watch = crate::RedundantWatch::start(env, POSTGRES, "pg");
-    let fault_ms = now_ms();
-    kubectl_ok(env, &["delete", "pod", standby, "--grace-period=0", "--force", "--wait=false"]);
-    let api = POSTGRES.api(env);
-    let (_, back) = wait_for("pg Redundant False, then True again", Duration::from_secs(180), || {
-        let (api, seen) = (api.clone(), watch.seen());
-        async move {
-            let lacked = seen.iter().position(|(_, status, _)| status == "False");
-            let again = lacked.and_then(|i| seen[i..].iter().find(|(_, status, _)| status == "True"));
-            match again {
-                Some(_) => Ok(()),
-                None => Err(format!(
-                    "{seen:?}; now {}",
-                    summary(&get_cr(&api, "pg").await.ok_or("CR not found")?)
-                )),
-            }
-        }
-    })
-    .await;
-    let seen = watch.stop();
-    let cr = get_cr(&api, "pg").await.expect("CR");
-    eprintln!("realpods-pg: {standby} deleted; Redundant verdicts {seen:?}; True again {back:.1?} after");
-    let first_false = seen.iter().find(|(_, status, _)| status == "False").expect("a False verdict");
-    assert!(
-        first_false.2.contains(standby),
-        "the False verdict names the lost standby {standby}: {first_false:?}"
-    );
-    assert_eq!(
-        e2e::condition(&cr, "Available"),
-        Some("True"),
-        "the primary answered throughout: {}",
-        summary(&cr)
-    );
-    crate::redundant_false_after(
-        "pg.standby_lost.redundant_false_after",
-        first_false.0.saturating_sub(fault_ms),
-    );
-    stateward_testkit::report::seconds("pg.standby_lost.redundant_again_after", back, None);
-}

@@ -139,26 +139,19 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     cr["spec"].as_object_mut().expect("spec").remove("replicas");
     cr["spec"]["mode"] = json!("cluster");
     cr["spec"]["cluster"] = json!({ "shards": 3, "replicasPerShard": 1 });
-    let created = Instant::now();
     let created_ms = now_ms();
     e2e::apply(&env, &env.namespace, &cr);
     super::super::apply_json(&env, &[client_pod("shop", &[])]);
-    pod_ready(&env, "client", Duration::from_secs(60)).await;
-    let sampler = crate::ClientSampler::start(&env, LINKS_UP);
-    let (available_ms, at_available) =
-        crate::first_available(&env, REDIS, "shop", Duration::from_secs(300)).await;
-    let samples = sampler.stop_after(&env, available_ms).await;
-    let linked_ms = crate::assert_sampled_at(&samples, available_ms, 3, "every replica linked");
-    eprintln!(
-        "realpods-redis: cluster: Available {} ms after create, the 3 replicas linked {:?} ms after",
-        available_ms - created_ms,
-        linked_ms.map(|l| l.saturating_sub(created_ms))
-    );
-    assert_eq!(e2e::condition(&at_available, "Redundant"), Some("True"), "{}", summary(&at_available));
+    let promised = crate::Promised {
+        count: LINKS_UP,
+        want: 3,
+        what: "every replica linked",
+        figure: "redis.cluster.available_after_create",
+    };
+    let (available_ms, linked_ms, at_available) =
+        crate::available_only_when(&env, REDIS, "shop", created_ms, Duration::from_secs(300), promised).await;
     assert_eq!(at_available.pointer("/status/cluster/replicasLinked"), Some(&json!(true)));
     assert_eq!(at_available["spec"].get("replicas"), None, "no default was written into the spec");
-    let formed = created.elapsed();
-    stateward_testkit::report::seconds("redis.cluster.available_after_create", formed, None);
     if let Some(l) = linked_ms {
         stateward_testkit::report::millis(
             "redis.cluster.available_after_replicas_linked",

@@ -656,22 +656,13 @@ const LINKS_UP: &str =
 async fn available_only_when_linked(env: &TestEnv, more: &Value) {
     let created_ms = now_ms();
     create_with_client(env, "cache", 3, more);
-    super::pod_ready(env, "client", Duration::from_secs(120)).await;
-    let sampler = crate::ClientSampler::start(env, LINKS_UP);
-    let (available_ms, cr) = crate::first_available(env, REDIS, "cache", Duration::from_secs(300)).await;
-    let seen = sampler.stop_after(env, available_ms).await;
-    let linked_ms = crate::assert_sampled_at(&seen, available_ms, 2, "both replicas linked");
-    eprintln!(
-        "realpods-redis: replication: Available {} ms after create, both replicas linked {:?} ms after create",
-        available_ms - created_ms,
-        linked_ms.map(|l| l.saturating_sub(created_ms))
-    );
-    assert_eq!(e2e::condition(&cr, "Redundant"), Some("True"), "{}", summary(&cr));
-    stateward_testkit::report::seconds(
-        "redis.replication.available_after_create",
-        Duration::from_millis(available_ms - created_ms),
-        None,
-    );
+    let promised = crate::Promised {
+        count: LINKS_UP,
+        want: 2,
+        what: "both replicas linked",
+        figure: "redis.replication.available_after_create",
+    };
+    crate::available_only_when(env, REDIS, "cache", created_ms, Duration::from_secs(300), promised).await;
 }
 
 /// Must show 4, then 1 on the same cluster (one formation less for the suite). 4: a user from `spec.users` with `keys: [app:*]` and `commands: [+get, +set]`
@@ -680,7 +671,8 @@ async fn available_only_when_linked(env: &TestEnv, more: &Value) {
 /// `default` user without a password are refused. 1: the master's pod deleted with
 /// `--grace-period=0`: a new master accepts writes through `-master` within 20 s, 1000/1000 keys
 /// readable, `-master` selects the new master only, and the old master rejoins as a replica,
-/// never having served as the master again. Then 1, hung, on the same cluster.
+/// never having served as the master again. Then 1, hung, on the same cluster. Before the
+/// failovers, [redundancy] must show 3: a replica lost and back.
 #[tokio::test]
 async fn acl_user_limited_to_its_keys_and_commands_then_a_deleted_and_a_hung_master_fail_over() {
     let Some((env, op)) = enter_with_operator("rp-racl", "realpods-racl").await else {
@@ -729,6 +721,8 @@ async fn acl_user_limited_to_its_keys_and_commands_then_a_deleted_and_a_hung_mas
     // The operator's own requests still authenticate (as default): the roles it reads are there.
     let cr = get_cr(&REDIS.api(&env), "cache").await.unwrap_or_else(|| panic!("CR gone"));
     assert_eq!(master_of(&cr), master);
+    // [redundancy] must show 3 (see `copy_lost`): a replica's pod deleted.
+    crate::copy_lost(&env, REDIS, "cache", &replicas[0], "redis.replication.replica_lost").await;
 
     let what = "master pod deleted (--grace-period=0)";
     let (old, new) = fail_over_from(&env, &master, &replicas, what, Duration::from_secs(20), |env, old| {
