@@ -172,6 +172,11 @@ struct RunArgs {
     /// Seconds between audit checkpoints (one more at shutdown).
     #[arg(long, default_value = "60")]
     audit_checkpoint_interval: u64,
+    /// Seconds between the records that count a converged resource's unchanged decisions
+    /// (each is written in full once, then counted; also written on losing leadership and at
+    /// shutdown).
+    #[arg(long, default_value = "60")]
+    audit_repeat_interval: u64,
     /// Namespace of the leader-election Lease (the operator's own).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
@@ -484,6 +489,7 @@ fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
         concurrency: args.concurrency.max(1),
         sweep_interval: Duration::from_secs(args.sweep_interval.max(1)),
         webhook,
+        audit_repeat_interval: Duration::from_secs(args.audit_repeat_interval.max(1)),
     };
     // One registry for the process: served on the HTTP port, recorded into by the controllers
     // and the webhooks alike.

@@ -34,6 +34,9 @@ pub struct OperatorSettings {
     pub sweep_interval: Duration,
     /// The webhooks and the address they serve on; `None` when they are off.
     pub webhook: Option<(WebhookSettings, SocketAddr)>,
+    /// How often the counted repetitions of unchanged decisions are written to the audit log
+    /// (also on losing leadership and at shutdown).
+    pub audit_repeat_interval: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +149,7 @@ pub async fn run(
         children,
         sandbox,
         registry,
-        gate,
+        gate: Arc::clone(&gate),
         metrics,
         leadership: leadership.clone(),
         swaps,
@@ -166,6 +169,18 @@ pub async fn run(
         Stop,
         Lost,
     }
+    let repetitions = tokio::spawn({
+        let (gate, every) = (Arc::clone(&gate), settings.audit_repeat_interval.max(Duration::from_secs(1)));
+        async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                flush_repetitions(&gate, "period").await;
+            }
+        }
+    });
     loop {
         tracing::info!(identity = %settings.leader.identity, "waiting for leadership");
         tokio::select! {
@@ -193,13 +208,28 @@ pub async fn run(
             Next::Lost => {
                 debug.set_leader(false);
                 tracing::warn!("lost leadership; controllers stopped, campaigning again");
+                flush_repetitions(&gate, "leadership lost").await;
             }
         }
     }
+    repetitions.abort();
+    flush_repetitions(&gate, "shutdown").await;
     debug.set_leader(false);
     debug.set_ready(false);
     let _ = tokio::time::timeout(Duration::from_secs(5), leader_task).await;
     Ok(())
+}
+
+/// Writes the audit log's counted repetitions (`policy::repeats`) off the reactor: the write
+/// may fsync. A failure is logged; the next plan's sync fails closed on a failed log.
+async fn flush_repetitions(gate: &Arc<LiveGate>, when: &'static str) {
+    let gate = gate.current();
+    match tokio::task::spawn_blocking(move || gate.flush_repetitions()).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => tracing::debug!(records = n, when, "audit repetitions written"),
+        Ok(Err(e)) => tracing::error!(error = %e, when, "cannot write the audit repetitions"),
+        Err(e) => tracing::error!(error = %e, when, "audit repetitions task failed"),
+    }
 }
 
 /// Binds the webhook port and serves the admission and conversion webhooks; returns what the

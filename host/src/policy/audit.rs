@@ -37,6 +37,7 @@ use sha2::{Digest, Sha256};
 use super::checkpoint::{Checkpoint, SigningKey};
 use super::engine::DecisionPoint;
 use super::error::PolicyError;
+use super::repeats::{self, Original, Repeats};
 
 /// The `prev_hash` of the first record of a chain.
 pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -123,6 +124,8 @@ struct State {
 /// inherently sequential); policy evaluation itself never takes it.
 pub struct AuditLog {
     state: Mutex<State>,
+    /// Guardrails decisions written in full, whose unchanged repetitions are counted.
+    repeats: Mutex<Repeats>,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -171,6 +174,7 @@ impl AuditLog {
                 checkpointed: 0,
                 failed: None,
             }),
+            repeats: Mutex::new(Repeats::default()),
         })
     }
 
@@ -212,13 +216,59 @@ impl AuditLog {
     /// stays failed (later appends fail too, so no torn line is ever followed by records), and
     /// the caller must deny the decision.
     pub fn append(&self, rec: &DecisionRecord<'_>) -> Result<u64, PolicyError> {
-        self.write(rec, true)
+        self.write(rec, true).map(|(seq, _)| seq)
     }
 
     /// Writes one decision of a batch without syncing it; the batch is durable once
     /// [`Self::sync`] returns (group commit: one `fdatasync` per plan, not per action).
     pub fn append_unsynced(&self, rec: &DecisionRecord<'_>) -> Result<u64, PolicyError> {
-        self.write(rec, false)
+        self.write(rec, false).map(|(seq, _)| seq)
+    }
+
+    /// [`Self::append_unsynced`] for a decision that may repeat one already written (a
+    /// converged resource's plan, decided again): an unchanged repetition is counted, not
+    /// written, and the record it repeats is returned ([`super::repeats`]; the counts are
+    /// written by [`Self::flush_repetitions`]).
+    pub fn append_or_count(&self, rec: &DecisionRecord<'_>) -> Result<Appended, PolicyError> {
+        let (key, input_sha256) = repeats::key(rec);
+        if let Some(original) = self.repeats().repeat(&key, jiff::Timestamp::now()) {
+            return Ok(Appended::Repeated(original));
+        }
+        let (seq, hash) = self.write(rec, false)?;
+        let original = Original { decision_id: rec.decision_id.to_string(), seq, hash };
+        self.repeats().remember(key, input_sha256, rec, original);
+        Ok(Appended::Written(seq))
+    }
+
+    /// Writes (and syncs) one record per decision repeated since the last flush: its count,
+    /// first and last time, naming the record it repeats. Called every period, on losing
+    /// leadership and at shutdown. Returns how many records were written.
+    pub fn flush_repetitions(&self) -> Result<usize, PolicyError> {
+        let taken = self.repeats().take();
+        for r in &taken {
+            let decision_id = uuid::Uuid::new_v4().to_string();
+            let rec = DecisionRecord {
+                decision_id: &decision_id,
+                point: r.point,
+                input: &r.input,
+                result: r.result.clone(),
+                error: None,
+                bundle_digest: &r.bundle,
+                trace_id: "",
+                span_id: "",
+                requested_by: &r.requested_by,
+                eval_ns: 0,
+            };
+            self.write(&rec, false)?;
+        }
+        if !taken.is_empty() {
+            self.sync()?;
+        }
+        Ok(taken.len())
+    }
+
+    fn repeats(&self) -> std::sync::MutexGuard<'_, Repeats> {
+        self.repeats.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Makes everything written so far durable (under [`FsyncPolicy::PerRecord`]). A failure
@@ -239,7 +289,8 @@ impl AuditLog {
         })
     }
 
-    fn write(&self, rec: &DecisionRecord<'_>, sync: bool) -> Result<u64, PolicyError> {
+    /// Writes one record; its `seq` and `hash`.
+    fn write(&self, rec: &DecisionRecord<'_>, sync: bool) -> Result<(u64, String), PolicyError> {
         let mut input = rec.input.clone();
         let mut erased = Vec::new();
         mask_secrets(&mut input, "/input", &mut erased);
@@ -292,7 +343,7 @@ impl AuditLog {
             return Err(PolicyError::WriteAudit(e.to_string()));
         }
         st.seq = seq;
-        st.prev_hash = hash;
+        st.prev_hash = hash.clone();
         st.segment_bytes += line.len() as u64;
         if st.settings.max_segment_bytes.is_some_and(|max| st.segment_bytes >= max) {
             if let Err(e) = rotate(&mut st) {
@@ -300,8 +351,17 @@ impl AuditLog {
                 st.failed = Some(format!("rotating the audit log: {e}"));
             }
         }
-        Ok(seq)
+        Ok((seq, hash))
     }
+}
+
+/// What [`AuditLog::append_or_count`] did with a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Appended {
+    /// Written in full as record `seq`.
+    Written(u64),
+    /// Counted as a repetition of this record.
+    Repeated(Original),
 }
 
 /// Closes the live segment as `<file>.<last seq>` (synced, renamed, directory synced) and opens

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::audit::{AuditLog, DecisionRecord};
+use super::audit::{Appended, AuditLog, DecisionRecord};
 use super::engine::{DecisionPoint, Mode, PolicyEngine};
 use super::floor::{self, Layered};
 use crate::policy_input::{self, AdmissionRequest, PlanAuthor, PlannedAction, PluginLoad};
@@ -147,6 +147,11 @@ impl Gate {
     /// The floor engine: the bundle the operator started with.
     pub fn engine(&self) -> &Arc<PolicyEngine> {
         &self.engine
+    }
+
+    /// Writes the repetitions counted since the last flush ([`AuditLog::flush_repetitions`]).
+    pub fn flush_repetitions(&self) -> Result<usize, String> {
+        self.audit.flush_repetitions().map_err(|e| e.to_string())
     }
 
     /// The hot-loaded layer in force, if any.
@@ -354,10 +359,23 @@ impl Gate {
             requested_by,
             eval_ns: ev.eval_ns,
         };
-        let appended = if sync { self.audit.append(&rec) } else { self.audit.append_unsynced(&rec) };
-        if let Err(e) = appended {
-            v.denied.push(format!("audit-error: {e}"));
-            v.error = Some(e.to_string());
+        // A plan's actions (the only decisions batched) are decided again on every wake of a
+        // converged resource: their unchanged repetitions are counted, not written again, and
+        // the verdict names the decision it repeats.
+        let appended = match sync {
+            true => self.audit.append(&rec).map(|_| None),
+            false => self.audit.append_or_count(&rec).map(|a| match a {
+                Appended::Repeated(original) => Some(original.decision_id),
+                Appended::Written(_) => None,
+            }),
+        };
+        match appended {
+            Ok(Some(repeated)) => v.decision_id = repeated,
+            Ok(None) => {}
+            Err(e) => {
+                v.denied.push(format!("audit-error: {e}"));
+                v.error = Some(e.to_string());
+            }
         }
         v
     }

@@ -7,6 +7,8 @@
 //!   modes, one audited decision per call; every failure is a deny.
 //! - [`audit`]: the hash-chained JSON-lines decision log (named chains, segments) and its
 //!   verifiers.
+//! - [`repeats`]: unchanged repetitions of a guardrails decision, counted and written as one
+//!   record per period instead of one each.
 //! - [`checkpoint`]: Ed25519-signed checkpoints of a chain's head.
 //! - [`cli`]: library halves of the `policy test`, `policy eval` and `audit verify` commands.
 
@@ -19,6 +21,7 @@ mod error;
 pub mod floor;
 pub mod gate;
 mod input;
+pub mod repeats;
 
 pub use audit::{AuditLog, AuditSettings, AuditSink, FsyncPolicy};
 pub use bundle::{Bundle, BundleFile};

@@ -119,7 +119,8 @@ fn a_privileged_statefulset_blocks_the_whole_plan_and_every_action_is_audited() 
     assert!(ok.allowed(), "{:?}", ok.denials());
 
     let recs = lines(&log);
-    assert_eq!(recs.len(), 4, "one record per action");
+    // The Service's second decision repeats its first unchanged: counted, not written again.
+    assert_eq!(recs.len(), 3, "one record per decision");
     let denied = &recs[1];
     assert_eq!(denied["path"], "stateward/guardrails");
     assert_eq!(denied["labels"]["point"], "guardrails");
@@ -347,7 +348,10 @@ fn audit_file(tag: &str, n: usize) -> (PathBuf, Vec<String>) {
     let gate = gate_to(&log, shipped());
     let res = stateward::policy::resource_input(&cr());
     for i in 0..n {
-        gate.check_plan(&ctx(), &plugin(), &res, &[apply(sts(i % 3 == 0, false))]);
+        // Each its own input: an unchanged repetition would be counted, not written.
+        let mut o = sts(i % 3 == 0, false);
+        o["metadata"]["name"] = json!(format!("main-{i}"));
+        gate.check_plan(&ctx(), &plugin(), &res, &[apply(o)]);
     }
     let text = std::fs::read_to_string(&log).expect("read");
     (log, text.lines().map(str::to_string).collect())
@@ -539,4 +543,62 @@ fn a_hot_loaded_bundle_cannot_drop_or_dryrun_a_floor_guardrail() {
     assert!(alone.actions[2].verdict.allowed());
     let records = std::fs::read_to_string(dir.join("audit.jsonl")).expect("audit");
     assert!(records.contains(layered.digest()), "decisions are recorded under both layers' digest");
+}
+
+/// A converged resource's plan decided again: each action is written in full once, then its
+/// unchanged repetitions are counted and written as one record per decision at the flush,
+/// naming the record repeated (its decision id, seq and hash), the input's digest, the count
+/// and the first and last time. A different input is written in full, never counted; a
+/// decision not repeated for two flushes is forgotten and written in full when it returns.
+/// The chain verifies throughout.
+#[test]
+fn unchanged_repetitions_of_a_plan_are_counted_and_written_once_per_flush() {
+    let dir = tempdir("repeats");
+    let log = dir.join("audit.jsonl");
+    let gate = gate_to(&log, shipped());
+    let res = stateward::policy::resource_input(&cr());
+    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "main"}});
+    let plan = [apply(service.clone()), apply(sts(false, false))];
+    let first = gate.check_plan(&ctx(), &plugin(), &res, &plan);
+    for _ in 0..4 {
+        let again = gate.check_plan(&ctx(), &plugin(), &res, &plan);
+        assert!(again.allowed());
+        let ids = |v: &stateward::policy::PlanVerdict| -> Vec<String> {
+            v.actions.iter().map(|a| a.verdict.decision_id.clone()).collect()
+        };
+        assert_eq!(ids(&again), ids(&first), "a repetition names the decision it repeats");
+    }
+    assert_eq!(lines(&log).len(), 2, "each decision written once");
+    // Another spec is another input: written in full.
+    let mut other = cr();
+    other["spec"]["replicas"] = json!(5);
+    gate.check_plan(&ctx(), &plugin(), &stateward::policy::resource_input(&other), &plan);
+    assert_eq!(lines(&log).len(), 4);
+
+    assert_eq!(gate.flush_repetitions(), Ok(2));
+    let recs = lines(&log);
+    assert_eq!(recs.len(), 6);
+    for (rep, original) in recs[4..].iter().zip(&recs[..2]) {
+        let of = &rep["input"]["repetition_of"];
+        assert_eq!(of["decision_id"], original["decision_id"]);
+        assert_eq!(of["seq"], original["seq"]);
+        assert_eq!(of["hash"], original["hash"]);
+        assert_eq!(rep["input"]["input_sha256"].as_str().map(str::len), Some(64));
+        assert_eq!(rep["result"]["count"], 4);
+        assert!(rep["result"]["first"].as_str() <= rep["result"]["last"].as_str(), "{rep}");
+        assert_eq!(rep["path"], "stateward/guardrails");
+        assert_eq!(rep["requested_by"], "plugin/postgres");
+    }
+    assert!(stateward::policy::cli::verify_audit(&log).expect("verify"));
+
+    // Nothing repeated since: nothing to write. Still tracked one more period, then forgotten.
+    assert_eq!(gate.flush_repetitions(), Ok(0));
+    gate.check_plan(&ctx(), &plugin(), &res, &plan);
+    assert_eq!(lines(&log).len(), 6, "still counted after one idle period");
+    assert_eq!(gate.flush_repetitions(), Ok(2), "the first plan's two, once more");
+    assert_eq!(gate.flush_repetitions(), Ok(0));
+    assert_eq!(gate.flush_repetitions(), Ok(0));
+    gate.check_plan(&ctx(), &plugin(), &res, &plan);
+    assert_eq!(lines(&log).len(), 10, "forgotten after two idle periods: written in full again");
+    assert!(stateward::policy::cli::verify_audit(&log).expect("verify"));
 }

@@ -64,8 +64,15 @@ async fn available_only_when_green(env: &TestEnv) {
         what: "green with every node joined",
         figure: "opensearch.six_nodes.available_after_create",
     };
-    super::available_only_when(env, e2e::ELASTICSEARCH, "logs", created_ms, Duration::from_secs(420), promised)
-        .await;
+    super::available_only_when(
+        env,
+        e2e::ELASTICSEARCH,
+        "logs",
+        created_ms,
+        Duration::from_secs(420),
+        promised,
+    )
+    .await;
 }
 
 /// Must-show 1 of the issue, and health read over http: `masters` (3, master only) and `data`
@@ -114,7 +121,10 @@ async fn opensearch_node_sets_form_one_green_cluster_with_their_roles() {
                 let cr = get_cr(&api, "logs").await.ok_or("CR not found")?;
                 let c = super::condition_object(&cr, "Redundant");
                 let message = c["message"].as_str().unwrap_or_default();
-                if c["status"] == want && (reason.is_empty() || c["reason"] == reason) && message.contains(names) {
+                if c["status"] == want
+                    && (reason.is_empty() || c["reason"] == reason)
+                    && message.contains(names)
+                {
                     Ok(message.to_string())
                 } else {
                     Err(format!("Redundant {c}"))

@@ -655,23 +655,32 @@ async fn copy_lost(env: &TestEnv, kind: e2e::Kind, name: &str, pod: &str, figure
     let fault_ms = now_ms();
     kubectl_ok(env, &["delete", "pod", pod, "--grace-period=0", "--force", "--wait=false"]);
     let api = kind.api(env);
-    let (_, back) = wait_for(&format!("{name} Redundant False, then True again"), Duration::from_secs(180), || {
-        let (api, seen) = (api.clone(), watch.seen());
-        async move {
-            let lacked = seen.iter().position(|(_, status, _)| status == "False");
-            match lacked.and_then(|i| seen[i..].iter().find(|(_, status, _)| status == "True")) {
-                Some(_) => Ok(()),
-                None => Err(format!("{seen:?}; now {}", summary(&get_cr(&api, name).await.ok_or("CR not found")?))),
+    let (_, back) =
+        wait_for(&format!("{name} Redundant False, then True again"), Duration::from_secs(180), || {
+            let (api, seen) = (api.clone(), watch.seen());
+            async move {
+                let lacked = seen.iter().position(|(_, status, _)| status == "False");
+                match lacked.and_then(|i| seen[i..].iter().find(|(_, status, _)| status == "True")) {
+                    Some(_) => Ok(()),
+                    None => Err(format!(
+                        "{seen:?}; now {}",
+                        summary(&get_cr(&api, name).await.ok_or("CR not found")?)
+                    )),
+                }
             }
-        }
-    })
-    .await;
+        })
+        .await;
     let seen = watch.stop();
     let cr = get_cr(&api, name).await.expect("CR");
     eprintln!("realpods: {name}: {pod} deleted; Redundant verdicts {seen:?}; True again {back:.1?} after");
     let first_false = seen.iter().find(|(_, status, _)| status == "False").expect("a False verdict");
     assert!(first_false.2.contains(pod), "the False verdict names the lost copy {pod}: {first_false:?}");
-    assert_eq!(condition(&cr, "Available"), Some("True"), "the service answered throughout: {}", summary(&cr));
+    assert_eq!(
+        condition(&cr, "Available"),
+        Some("True"),
+        "the service answered throughout: {}",
+        summary(&cr)
+    );
     redundant_false_after(&format!("{figure}.redundant_false_after"), first_false.0.saturating_sub(fault_ms));
     stateward_testkit::report::seconds(&format!("{figure}.redundant_again_after"), back, None);
 }

@@ -415,4 +415,3 @@ async fn failover(env: &TestEnv, old: &str) -> Vec<u64> {
     );
     lost
 }
-

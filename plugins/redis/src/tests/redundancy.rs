@@ -118,7 +118,8 @@ fn a_new_cluster_is_available_only_once_every_replica_is_linked() {
     assert!(redundant(&p).2.contains("cache-4 is not ready"), "{:?}", redundant(&p));
 
     // A user who asks not to wait gets Running as soon as the pods are ready.
-    let unwaited = reconcile_spec(json!({ "waitForRedundancy": false }), forming.clone(), [false; 6], &[], [0; 6]);
+    let unwaited =
+        reconcile_spec(json!({ "waitForRedundancy": false }), forming.clone(), [false; 6], &[], [0; 6]);
     assert_eq!(unwaited.status.phase, stateward_sdk::Phase::Running);
     assert_eq!(redundant(&unwaited).0, "False", "and still the truth about redundancy");
 
