@@ -61,6 +61,47 @@ deny contains msg if {
 	msg := sprintf("scale-down: %s may not scale down by more than one replica at a time (%s -> %s)", [username, format_int(old_spec.replicas, 10), format_int(new_spec.replicas, 10)])
 }
 
+# --- lifecycle verbs -------------------------------------------------------------------------
+# Each stops or moves a running service without touching its shape: hibernating stops every
+# member, pausing stops failover, fencing takes members out of service, a switchover moves the
+# primary. Turning one on (or changing whom it names) takes the permission of the same name;
+# turning it off again (waking, resuming, the annotation removed, as the operator does once a
+# switchover is done) does not, except that unfencing does: a fenced member may hold data that
+# must not serve.
+
+new_annotations := object.get(input, ["object", "metadata", "annotations"], {})
+
+old_annotations := object.get(input, ["oldObject", "metadata", "annotations"], {})
+
+# [permission, rule id, what the change does] of every lifecycle change this update makes.
+lifecycle contains ["hibernate", "lifecycle-hibernate", "hibernate (stop every member of)"] if {
+	object.get(new_spec, "hibernate", false) == true
+	object.get(old_spec, "hibernate", false) != true
+}
+
+lifecycle contains ["pause", "lifecycle-pause", "pause (stop failover of)"] if {
+	object.get(new_spec, "paused", false) == true
+	object.get(old_spec, "paused", false) != true
+}
+
+lifecycle contains ["fence", "lifecycle-fence", "change which members are fenced in"] if {
+	object.get(new_annotations, "stateward.dev/fenced-instances", "") != object.get(old_annotations, "stateward.dev/fenced-instances", "")
+}
+
+lifecycle contains ["switchover", "lifecycle-switchover", "ask for a switchover in"] if {
+	to := object.get(new_annotations, "stateward.dev/switchover-to", "")
+	to != ""
+	to != object.get(old_annotations, "stateward.dev/switchover-to", "")
+}
+
+deny contains msg if {
+	op == "UPDATE"
+	some [permission, rule, what] in lifecycle
+	not permitted(permission)
+	name := object.get(input, ["object", "metadata", "name"], "")
+	msg := sprintf("%s: %s may not %s %s (permission %s)", [rule, username, what, name, permission])
+}
+
 warn contains msg if {
 	op in {"CREATE", "UPDATE"}
 	new_spec.replicas == 1

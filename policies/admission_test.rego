@@ -85,3 +85,53 @@ test_single_replica_warns if {
 	warnings := admission.warn with input as inp
 	count(warnings) == 1
 }
+
+operator := {"username": "carol", "groups": ["stateward:operators", "system:authenticated"]}
+
+annotated(spec, annotations) := object.union(cluster(spec), {"metadata": {"annotations": annotations}})
+
+test_hibernate_by_developer_denied if {
+	denied(req("UPDATE", dev, cluster({"replicas": 3, "hibernate": true}), cluster({"replicas": 3})), "lifecycle-hibernate")
+}
+
+test_hibernate_by_operator_group_allowed if {
+	count(admission.deny) == 0 with input as req("UPDATE", operator, cluster({"replicas": 3, "hibernate": true}), cluster({"replicas": 3}))
+}
+
+test_waking_and_resuming_need_no_permission if {
+	old := cluster({"replicas": 3, "hibernate": true, "paused": true})
+	count(admission.deny) == 0 with input as req("UPDATE", dev, cluster({"replicas": 3, "hibernate": false, "paused": false}), old)
+}
+
+test_pause_by_developer_denied if {
+	denied(req("UPDATE", dev, cluster({"replicas": 3, "paused": true}), cluster({"replicas": 3})), "lifecycle-pause")
+}
+
+test_fence_and_unfence_by_developer_denied if {
+	fenced := annotated({"replicas": 3}, {"stateward.dev/fenced-instances": "[\"main-1\"]"})
+	denied(req("UPDATE", dev, fenced, cluster({"replicas": 3})), "lifecycle-fence")
+	denied(req("UPDATE", dev, cluster({"replicas": 3}), fenced), "lifecycle-fence")
+}
+
+test_fence_by_admin_allowed if {
+	fenced := annotated({"replicas": 3}, {"stateward.dev/fenced-instances": "[\"main-1\"]"})
+	count(admission.deny) == 0 with input as req("UPDATE", admin, fenced, cluster({"replicas": 3}))
+}
+
+test_switchover_by_developer_denied_removal_allowed if {
+	asked := annotated({"replicas": 3}, {"stateward.dev/switchover-to": "main-2"})
+	denied(req("UPDATE", dev, asked, cluster({"replicas": 3})), "lifecycle-switchover")
+	count(admission.deny) == 0 with input as req("UPDATE", dev, cluster({"replicas": 3}), asked)
+}
+
+test_lifecycle_by_user_binding_allowed if {
+	asked := annotated({"replicas": 3}, {"stateward.dev/switchover-to": "main-2"})
+	bindings := [{"user": "bob", "role": "lifecycle"}]
+	count(admission.deny) == 0 with input as req("UPDATE", dev, asked, cluster({"replicas": 3})) with data.stateward.config.admission.role_bindings as bindings
+}
+
+test_lifecycle_unchanged_allowed if {
+	spec := {"replicas": 3, "hibernate": true, "paused": true}
+	same := annotated(spec, {"stateward.dev/fenced-instances": "[\"main-1\"]", "stateward.dev/switchover-to": "main-2"})
+	count(admission.deny) == 0 with input as req("UPDATE", dev, same, same)
+}
