@@ -337,6 +337,38 @@ deny contains msg if {
 	msg := sprintf("pdb-max-unavailable: %s maxUnavailable %s must be a number <= 1", [obj_name, json.marshal(n)])
 }
 
+# --- Services -----------------------------------------------------------------------------
+
+# The host sends a plan's http requests to a Service's cluster IP, and checks the Service's own
+# labels, not whom it selects: so a Service a plugin applies selects only its instance's pods
+# (`stateward.dev/instance`, which every member pod carries), and reaches outside the cluster
+# (a node port, a load balancer, an external name or external IPs) only where the policy data
+# allows it.
+deny contains msg if {
+	verb == "apply"
+	kind == "Service"
+	instance := object.get(input, ["resource", "name"], "")
+	object.get(obj, ["spec", "selector", "stateward.dev/instance"], "") != instance
+	msg := sprintf("service-selector: Service %s must select stateward.dev/instance=%s (only instance %s's pods)", [obj_name, instance, instance])
+}
+
+deny contains msg if {
+	verb == "apply"
+	kind == "Service"
+	t := object.get(obj, ["spec", "type"], "ClusterIP")
+	t != "ClusterIP"
+	not t in object.get(data.stateward.config.guardrails, "allowed_service_types", [])
+	msg := sprintf("service-type: Service %s is of type %s; only ClusterIP unless the policy data allows it", [obj_name, t])
+}
+
+deny contains msg if {
+	verb == "apply"
+	kind == "Service"
+	count(object.get(obj, ["spec", "externalIPs"], [])) > 0
+	not object.get(data.stateward.config.guardrails, "allow_external_ips", false) == true
+	msg := sprintf("service-external-ips: Service %s sets externalIPs, which the policy data does not allow", [obj_name])
+}
+
 # --- warnings -----------------------------------------------------------------------------
 
 # Pinned: a digest, or else (no "@" at all) a tag on the last path segment, where a ":" is not

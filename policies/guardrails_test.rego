@@ -422,3 +422,38 @@ test_label_own_pod_allowed if {
 	o := pod_target(own_labels, {"set": {"labels": {"role": "primary"}, "annotations": {}}})
 	count(guardrails.deny) == 0 with input as request("label-pod", o)
 }
+
+service(spec) := {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "main-rw", "namespace": "db"}, "spec": spec}
+
+own_selector := {"app.kubernetes.io/name": "postgres", "stateward.dev/instance": "main", "stateward.dev/role": "primary"}
+
+test_service_selecting_its_instance_allowed if {
+	count(guardrails.deny) == 0 with input as apply(service({"selector": own_selector, "ports": [{"port": 5432}]}))
+}
+
+test_service_without_the_instance_selector_denied if {
+	denied(apply(service({"selector": {"app": "billing"}, "ports": [{"port": 80}]})), "service-selector")
+	denied(apply(service({"ports": [{"port": 80}]})), "service-selector")
+}
+
+test_service_selecting_another_instance_denied if {
+	denied(apply(service({"selector": object.union(own_selector, {"stateward.dev/instance": "other"})})), "service-selector")
+}
+
+test_service_types_reaching_out_denied_unless_allowed if {
+	every t in ["NodePort", "LoadBalancer", "ExternalName"] {
+		denied(apply(service({"selector": own_selector, "type": t})), "service-type")
+	}
+	not denied(apply(service({"selector": own_selector, "type": "NodePort"})), "service-type") with data.stateward.config.guardrails.allowed_service_types as ["NodePort"]
+}
+
+test_service_external_ips_denied_unless_allowed if {
+	svc := service({"selector": own_selector, "externalIPs": ["203.0.113.7"]})
+	denied(apply(svc), "service-external-ips")
+	not denied(apply(svc), "service-external-ips") with data.stateward.config.guardrails.allow_external_ips as true
+}
+
+test_deleting_a_service_needs_no_selector if {
+	inp := {"plugin": plugin, "resource": resource, "action": {"verb": "delete", "object": {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "main-rw"}}}}
+	count(guardrails.deny) == 0 with input as inp
+}

@@ -100,7 +100,7 @@ pub fn master_pods(ctx: &Ctx) -> Vec<String> {
 
 /// The masters Service and the bootstrap ConfigMap (`formed`: the cluster has answered once).
 pub fn shared_children(ctx: &Ctx, formed: bool) -> Vec<Value> {
-    let mut selector = ctx.selector();
+    let mut selector = ctx.service_selector();
     selector.insert(MASTER_LABEL.into(), json!("true"));
     let initial = if formed { String::new() } else { master_pods(ctx).join(",") };
     vec![

@@ -612,6 +612,8 @@ macro_rules! plugin_suite {
                     let client = svc["spec"]["clusterIP"] != "None";
                     let selects = svc["spec"]["selector"][FENCED_LABEL].clone();
                     assert_eq!(selects, if client { json!("false") } else { Value::Null }, "{svc}");
+                    // Only this instance's pods (the guardrails' service-selector).
+                    assert_eq!(svc["spec"]["selector"]["stateward.dev/instance"], "main", "{svc}");
                 }
                 assert_eq!(fence_labels(&p), [pair("main-0", "false"), pair("main-1", "false"), pair("main-2", "false")]);
                 assert_eq!(fence_labels(&plan(&running, &with_pods([Some("false"); 3]))), []);

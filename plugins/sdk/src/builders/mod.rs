@@ -87,6 +87,16 @@ impl Ctx<'_> {
         m
     }
 
+    /// What a Service of this instance selects: its pods by [`Self::selector`] and by
+    /// `stateward.dev/instance`, which the guardrails require of every Service a plugin
+    /// applies (so none selects another workload's pods). Not the StatefulSets' selector: that
+    /// is immutable on the sets earlier releases made.
+    pub fn service_selector(&self) -> Map<String, Value> {
+        let mut m = self.selector();
+        m.insert(INSTANCE_LABEL.into(), json!(self.cluster.name));
+        m
+    }
+
     /// Labels that never change: selector + managed-by + component + instance. Used on
     /// volumeClaimTemplates (immutable) so every PVC carries `stateward.dev/instance`.
     pub fn stable_labels(&self) -> Map<String, Value> {

@@ -29,7 +29,7 @@ pub fn headless_service(ctx: &Ctx, ports: &[Port]) -> Value {
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": true,
-            "selector": ctx.selector(),
+            "selector": ctx.service_selector(),
             "ports": service_ports(ports),
         }
     })
@@ -37,7 +37,7 @@ pub fn headless_service(ctx: &Ctx, ports: &[Port]) -> Value {
 
 /// A ClusterIP Service for clients; `extra_selector` narrows it (e.g. to the primary pod).
 pub fn client_service(ctx: &Ctx, name: &str, ports: &[Port], extra_selector: &[(&str, String)]) -> Value {
-    let mut selector = ctx.selector();
+    let mut selector = ctx.service_selector();
     // A fenced pod is in no client Service (see `fence`).
     selector.insert(crate::fence::FENCED_LABEL.into(), json!("false"));
     for (k, v) in extra_selector {
