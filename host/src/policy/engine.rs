@@ -151,7 +151,13 @@ const TIMER_CHECK_INTERVAL: u32 = 64;
 
 /// Builtins whose result is sized by an argument's value, computed in one uninterruptible step:
 /// a bundle that calls one is refused. None of the shipped policies needs them.
-pub const UNBOUNDED_BUILTINS: [&str; 2] = ["numbers.range", "numbers.range_step"];
+pub const UNBOUNDED_BUILTINS: [&str; 3] = ["numbers.range", "numbers.range_step", "bits.lsh"];
+
+/// The widest field (width or precision) a `sprintf` format may ask for: regorus pads in one
+/// allocation, so `sprintf("%4000000000d", [1])` asks for 4 GB at once. Every `sprintf` of a
+/// bundle must have a literal format whose fields are at most this wide (no `*` width taken
+/// from the arguments); the shipped policies use none.
+pub const MAX_SPRINTF_FIELD: u32 = 999;
 
 fn timer() -> ExecutionTimerConfig {
     ExecutionTimerConfig {
@@ -239,6 +245,9 @@ impl PolicyEngine {
         let mut packages: BTreeMap<String, Vec<String>> = BTreeMap::new();
         let mut tests = Vec::new();
         for m in bundle.modules() {
+            if let Some(why) = unbounded_sprintf(&m.contents) {
+                return Err(PolicyError::Bound(format!("{}: {why}", m.name)));
+            }
             if let Some(builtin) = unbounded_builtin(&m.contents) {
                 return Err(PolicyError::Bound(format!(
                     "{}: calls {builtin}, whose result is sized by its argument (refused: {})",
@@ -580,6 +589,113 @@ fn unbounded_builtin(source: &str) -> Option<&'static str> {
     })
 }
 
+/// Why a `sprintf` call of `source` could allocate by its format (see [`MAX_SPRINTF_FIELD`]):
+/// its format is not a string literal, takes a width from its arguments, or asks for a field
+/// wider than the bound. None when every call is bounded.
+fn unbounded_sprintf(source: &str) -> Option<String> {
+    let chars: Vec<char> = source.chars().collect();
+    let mut i = 0;
+    // Skips a string literal starting at `i` (its quote); returns its contents (escapes kept).
+    let literal = |i: &mut usize| -> String {
+        let quote = chars[*i];
+        let mut text = String::new();
+        *i += 1;
+        while *i < chars.len() && chars[*i] != quote {
+            if quote == '"' && chars[*i] == '\\' {
+                text.push(chars[*i]);
+                *i += 1;
+            }
+            if let Some(c) = chars.get(*i) {
+                text.push(*c);
+            }
+            *i += 1;
+        }
+        *i += 1;
+        text
+    };
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '.';
+    while i < chars.len() {
+        match chars[i] {
+            '#' => {
+                while i < chars.len() && chars[i] != '\n' {
+                    i += 1;
+                }
+            }
+            '"' | '`' => {
+                literal(&mut i);
+            }
+            _ if chars[i..].starts_with(&['s', 'p', 'r', 'i', 'n', 't', 'f'])
+                && !(i > 0 && ident(chars[i - 1])) =>
+            {
+                i += "sprintf".len();
+                if chars.get(i).is_some_and(|c| ident(*c)) {
+                    continue;
+                }
+                while chars.get(i).is_some_and(|c| c.is_whitespace()) {
+                    i += 1;
+                }
+                if chars.get(i) != Some(&'(') {
+                    continue; // a mention (`with sprintf as …`), not a call
+                }
+                i += 1;
+                while chars.get(i).is_some_and(|c| c.is_whitespace()) {
+                    i += 1;
+                }
+                if !matches!(chars.get(i), Some('"' | '`')) {
+                    return Some(
+                        "a sprintf format must be a string literal (its field widths are checked at load)"
+                            .into(),
+                    );
+                }
+                let format = literal(&mut i);
+                if let Some(why) = wide_field(&format) {
+                    return Some(format!("sprintf format {format:?}: {why}"));
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// What in a `sprintf` format asks for an unbounded field: a `*` width or precision, or one
+/// wider than [`MAX_SPRINTF_FIELD`].
+fn wide_field(format: &str) -> Option<String> {
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            continue;
+        }
+        if chars.peek() == Some(&'%') {
+            chars.next();
+            continue;
+        }
+        while chars.peek().is_some_and(|c| "+-# 0".contains(*c)) {
+            chars.next();
+        }
+        for part in ["width", "precision"] {
+            if part == "precision" {
+                if chars.peek() != Some(&'.') {
+                    break;
+                }
+                chars.next();
+            }
+            if chars.peek() == Some(&'*') {
+                return Some(format!("a {part} taken from the arguments (*) is refused"));
+            }
+            let mut digits = String::new();
+            while let Some(d) = chars.peek().filter(|c| c.is_ascii_digit()) {
+                digits.push(*d);
+                chars.next();
+            }
+            if digits.parse::<u64>().map_or(!digits.is_empty(), |n| n > u64::from(MAX_SPRINTF_FIELD)) {
+                return Some(format!("a {part} of {digits} is over {MAX_SPRINTF_FIELD}"));
+            }
+        }
+    }
+    None
+}
+
 /// `source` with comments and the contents of string literals blanked out.
 fn code_only(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
@@ -720,6 +836,37 @@ mod tests {
         });
         assert!(broken.is_err());
         assert_eq!(runs, 1);
+    }
+
+    /// Every `sprintf` needs a literal format whose fields are at most 999 wide; comments,
+    /// strings and other names that contain the word are not calls.
+    #[test]
+    fn a_sprintf_is_bounded_by_its_literal_format() {
+        let bounded = [
+            r#"msg := sprintf("%s may not %d%% %-10s %.3f", [a, b, c, d])"#,
+            "msg := sprintf(`%999d`, [1])",
+            r#"# sprintf(x, [1]) in a comment
+x := "sprintf(y)""#,
+            r#"x := my_sprintf(y) with sprintf as z"#,
+        ];
+        for source in bounded {
+            assert_eq!(unbounded_sprintf(source), None, "{source}");
+        }
+        let refused = [
+            (r#"m := sprintf("%4000000000d", [1])"#, "a width of 4000000000"),
+            (r#"m := sprintf("%.1000f", [1])"#, "a precision of 1000"),
+            (r#"m := sprintf("%*d", [n, 1])"#, "(*)"),
+            (r#"m := sprintf( "ok %s \" %-01000s", [a, b])"#, "a width of 1000"),
+            (
+                "f := input.f
+m := sprintf(f, [1])",
+                "must be a string literal",
+            ),
+        ];
+        for (source, why) in refused {
+            let found = unbounded_sprintf(source);
+            assert!(found.as_deref().is_some_and(|f| f.contains(why)), "{source}: {found:?}");
+        }
     }
 
     fn engine(limit: u64) -> PolicyEngine {

@@ -125,11 +125,17 @@ async fn retention_delete_is_denied_to_dev_allowed_to_admins_and_both_audited() 
     let mut hibernated = manifest.clone();
     hibernated["spec"]["hibernate"] = json!(true);
     let (ok, err) = apply_as_alice(&env, "dev", &hibernated, &["--dry-run=server"]);
-    ensure!(!ok && err.contains("lifecycle-hibernate: alice may not hibernate"), "hibernate as dev: {ok} {err}");
+    ensure!(
+        !ok && err.contains("lifecycle-hibernate: alice may not hibernate"),
+        "hibernate as dev: {ok} {err}"
+    );
     let mut switched = manifest.clone();
     switched["metadata"]["annotations"] = json!({ "stateward.dev/switchover-to": "pg-delete-0" });
     let (ok, err) = apply_as_alice(&env, "dev", &switched, &["--dry-run=server"]);
-    ensure!(!ok && err.contains("lifecycle-switchover: alice may not ask for a switchover"), "switchover as dev: {ok} {err}");
+    ensure!(
+        !ok && err.contains("lifecycle-switchover: alice may not ask for a switchover"),
+        "switchover as dev: {ok} {err}"
+    );
     let (ok, err) = apply_as_alice(&env, "stateward:operators", &hibernated, &["--dry-run=server"]);
     ensure!(ok, "hibernate as stateward:operators denied: {err}");
 

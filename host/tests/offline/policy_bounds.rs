@@ -33,6 +33,18 @@ fn a_numbers_range_bomb_is_refused_like_a_broken_bundle() {
     assert_eq!(err.label(), "bound");
 }
 
+/// [hardening-2] 5: one builtin call that allocates by its argument. `sprintf("%4000000000d",
+/// [1])` aborted the process ("memory allocation of 3999999999 bytes failed"), `bits.lsh(1, 4e9)`
+/// took 500 MB in one call; both bundles are refused before anything evaluates, naming why.
+#[test]
+fn builtin_calls_that_allocate_by_their_arguments_are_refused() {
+    for (name, names) in [("sprintf-width", "a width of 4000000000 is over 999"), ("lsh", "bits.lsh")] {
+        let rejection = vet(&bomb(name)).map(|_| ()).expect_err("the bomb must be refused");
+        assert_eq!(rejection.reason, "bound_exceeded", "{name}");
+        assert!(rejection.message.contains(names), "{name}: {}", rejection.message);
+    }
+}
+
 /// A `test_*` rule that would run for hours: the bundle's tests are bounded too.
 #[test]
 fn a_bundle_whose_tests_run_away_is_refused_in_bounded_time() {

@@ -72,6 +72,11 @@ fn sts(privileged: bool, host_network: bool) -> Value {
         "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}}}})
 }
 
+/// A Service's spec selecting the pods of [`cr`]'s instance (as the guardrails require).
+fn own_selector() -> Value {
+    json!({"selector": {"stateward.dev/instance": "main"}})
+}
+
 fn apply(o: Value) -> PlannedAction {
     PlannedAction { verb: "apply".into(), object: o }
 }
@@ -101,7 +106,8 @@ fn a_privileged_statefulset_blocks_the_whole_plan_and_every_action_is_audited() 
     let dir = tempdir("plan");
     let log = dir.join("audit.jsonl");
     let gate = gate_to(&log, shipped());
-    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "main"}});
+    let service =
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "main"}, "spec": own_selector()});
     let plan = [apply(service.clone()), apply(sts(true, false))];
     let v = gate.check_plan(&ctx(), &plugin(), &stateward::policy::resource_input(&cr()), &plan);
     assert!(!v.allowed());
@@ -528,7 +534,8 @@ fn a_hot_loaded_bundle_cannot_drop_or_dryrun_a_floor_guardrail() {
     let res = stateward::policy::resource_input(&cr());
     let mut no_limits = sts(false, false);
     no_limits["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({});
-    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "main"}, "spec": {}});
+    let service =
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "main"}, "spec": own_selector()});
     let plan = [apply(sts(true, true)), apply(no_limits), apply(service)];
     let verdict = layered.check_plan(&ctx(), &plugin(), &res, &plan);
     let denied = |i: usize| verdict.actions[i].verdict.denied.join("; ");
@@ -557,7 +564,8 @@ fn unchanged_repetitions_of_a_plan_are_counted_and_written_once_per_flush() {
     let log = dir.join("audit.jsonl");
     let gate = gate_to(&log, shipped());
     let res = stateward::policy::resource_input(&cr());
-    let service = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "main"}});
+    let service =
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "main"}, "spec": own_selector()});
     let plan = [apply(service.clone()), apply(sts(false, false))];
     let first = gate.check_plan(&ctx(), &plugin(), &res, &plan);
     for _ in 0..4 {

@@ -108,13 +108,17 @@ async fn idle(env: &TestEnv, op: &e2e::Operator) {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let rv = get_cr(&api, "pg").await.expect("CR")["metadata"]["resourceVersion"].as_str().unwrap_or("0").to_string();
+    let rv = get_cr(&api, "pg").await.expect("CR")["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or("0")
+        .to_string();
     let audit_bytes = || std::fs::metadata(&op.audit).map_or(0, |m| m.len());
     let audit_lines = || std::fs::read_to_string(&op.audit).map_or(0, |t| t.lines().count());
     let (bytes_before, lines_before) = (audit_bytes(), audit_lines());
     let started = jiff::Timestamp::now();
     // Every write of the resource (status included) is a MODIFIED of a watch from here.
-    let params = kube::api::WatchParams::default().fields("metadata.name=pg").timeout(IDLE_WINDOW.as_secs() as u32);
+    let params =
+        kube::api::WatchParams::default().fields("metadata.name=pg").timeout(IDLE_WINDOW.as_secs() as u32);
     let writes = api.watch(&params, &rv).await.expect("watch pg");
     let writes = tokio::time::timeout(IDLE_WINDOW + Duration::from_secs(5), async move {
         let mut writes = std::pin::pin!(writes);
@@ -128,7 +132,8 @@ async fn idle(env: &TestEnv, op: &e2e::Operator) {
     })
     .await
     .unwrap_or_else(|_| panic!("the watch did not end after its {IDLE_WINDOW:?} timeout"));
-    let (bytes, lines) = (audit_bytes().saturating_sub(bytes_before), audit_lines().saturating_sub(lines_before));
+    let (bytes, lines) =
+        (audit_bytes().saturating_sub(bytes_before), audit_lines().saturating_sub(lines_before));
     let events: kube::Api<k8s_openapi::api::events::v1::Event> = env.api();
     let posted = events
         .list(&kube::api::ListParams::default())
@@ -138,7 +143,8 @@ async fn idle(env: &TestEnv, op: &e2e::Operator) {
         .into_iter()
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("pg"))
         .filter(|e| {
-            let last = e.series.as_ref().map(|s| s.last_observed_time.0).or(e.event_time.as_ref().map(|t| t.0));
+            let last =
+                e.series.as_ref().map(|s| s.last_observed_time.0).or(e.event_time.as_ref().map(|t| t.0));
             last.is_some_and(|t| t.as_second() >= started.as_second())
         })
         .count();
