@@ -205,9 +205,37 @@ pub async fn unfence(target: &Target, pods: &[String]) -> anyhow::Result<String>
 }
 
 async fn set_fenced(target: &Target, list: &[String]) -> anyhow::Result<()> {
-    let value = fenced_value(list)?;
-    patch(target, json!({ "metadata": { "annotations": { FENCED_ANNOTATION: value } } })).await
+    let body = fence_patch(target.object.resource_version().as_deref(), list)?;
+    patch(target, body).await.map_err(|e| {
+        if format!("{e:#}").contains("the object has been modified") {
+            e.context(format!("{FENCED_ANNOTATION} changed since it was read: run the command again"))
+        } else {
+            e
+        }
+    })
 }
+
+/// The patch that sets the fenced list over the version read (`resource_version`): a list
+/// someone changed meanwhile is refused by the API server (409), never written over.
+fn fence_patch(resource_version: Option<&str>, list: &[String]) -> anyhow::Result<Value> {
+    let mut metadata = json!({ "annotations": { FENCED_ANNOTATION: fenced_value(list)? } });
+    if let Some(v) = resource_version {
+        metadata["resourceVersion"] = json!(v);
+    }
+    Ok(json!({ "metadata": metadata }))
+}
+
+/// `text` for a terminal: control characters (escape sequences, carriage returns, newlines
+/// that would forge lines) shown as `\u{…}`. Plugins and users write what `status` prints.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { format!("\\u{{{:x}}}", c as u32) } else { c.to_string() })
+        .collect()
+}
+
+/// The component every Event of the operator names as its reporter; an Event from another
+/// reporter is shown as such, never among the policy's decisions.
+const REPORTER: &str = "stateward";
 
 /// Fails unless `pod` is a pod of the resource.
 async fn member(client: &Client, target: &Target, pod: &str) -> anyhow::Result<()> {
@@ -238,8 +266,8 @@ pub async fn status(client: &Client, target: &Target) -> anyhow::Result<String> 
 
 fn render_status(title: &str, object: &Value, status: &Value, events: &[Event]) -> String {
     let mut out = String::new();
-    let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
-    let _ = writeln!(out, "{title}");
+    let text = |v: &Value| printable(&v.as_str().map_or_else(|| v.to_string(), str::to_string));
+    let _ = writeln!(out, "{}", printable(title));
     let _ = writeln!(
         out,
         "  phase {}   plugin {}   observed generation {} of {}",
@@ -278,7 +306,7 @@ fn render_status(title: &str, object: &Value, status: &Value, events: &[Event]) 
         let _ = writeln!(out, "\nService status (roles, lag, health, as the plugin observes them):");
         let yaml = yaml_serde::to_string(&own).unwrap_or_default();
         for line in yaml.lines() {
-            let _ = writeln!(out, "  {line}");
+            let _ = writeln!(out, "  {}", printable(line));
         }
     }
     let line = |e: &Event| {
@@ -287,17 +315,24 @@ fn render_status(title: &str, object: &Value, status: &Value, events: &[Event]) 
             .as_ref()
             .map(|t| t.0.to_string())
             .or(e.event_time.as_ref().map(|t| t.0.to_string()));
+        let from = match e.reporting_component.as_deref() {
+            Some(REPORTER) => String::new(),
+            other => format!(" [reported by {}, not the operator]", printable(other.unwrap_or("no one"))),
+        };
         format!(
-            "  {:<20} {:<8} {:<22} {} (x{})",
+            "  {:<20} {:<8} {:<22} {} (x{}){from}",
             when.unwrap_or_default(),
-            e.type_.clone().unwrap_or_default(),
-            e.reason.clone().unwrap_or_default(),
-            e.message.clone().unwrap_or_default(),
+            printable(e.type_.as_deref().unwrap_or_default()),
+            printable(e.reason.as_deref().unwrap_or_default()),
+            printable(e.message.as_deref().unwrap_or_default()),
             e.count.unwrap_or(1)
         )
     };
-    let policy: Vec<&Event> =
-        events.iter().filter(|e| e.reason.as_deref().is_some_and(|r| r.starts_with("Policy"))).collect();
+    let policy: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.reason.as_deref().is_some_and(|r| r.starts_with("Policy")))
+        .filter(|e| e.reporting_component.as_deref() == Some(REPORTER))
+        .collect();
     let _ = writeln!(out, "\nPolicy decisions (denials and warnings; every decision is in the audit log):");
     if policy.is_empty() {
         let _ = writeln!(out, "  none recorded as Events");
@@ -322,8 +357,45 @@ mod tests {
             reason: Some(reason.into()),
             message: Some(message.into()),
             type_: Some("Normal".into()),
+            reporting_component: Some(REPORTER.into()),
             ..Event::default()
         }
+    }
+
+    /// [hardening-2] 9: what plugins and users wrote reaches the terminal without its control
+    /// characters, and a `Policy*` Event someone else posted is not shown as a decision.
+    #[test]
+    fn status_prints_no_control_characters_and_no_forged_decisions() {
+        let object = json!({"metadata": {"generation": 1}});
+        let status = json!({
+            "phase": "Running\u{1b}[2J",
+            "conditions": [{"type": "Available", "status": "True", "reason": "Ok", "message": "fine\r\nPolicyDenied: forged line"}],
+            "note": "\u{1b}]0;title\u{7}",
+        });
+        let mut forged = event("PolicyDenied", "privileged: the operator denied nothing");
+        forged.reporting_component = Some("mallory".into());
+        let text = render_status("PostgresCluster db/main\u{1b}[31m", &object, &status, &[forged]);
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
+        assert!(
+            text.contains("Running\\u{1b}[2J") && text.contains("fine\\u{d}\\u{a}PolicyDenied"),
+            "{text}"
+        );
+        let policy = text.split("Policy decisions").nth(1).unwrap().split("Events (last").next().unwrap();
+        assert!(policy.contains("none recorded") && !policy.contains("forged"), "{text}");
+        assert!(text.contains("[reported by mallory, not the operator]"), "{text}");
+    }
+
+    /// [hardening-2] 9: `fence` writes over the version it read, so a list changed meanwhile is
+    /// refused by the API server instead of lost.
+    #[test]
+    fn the_fence_patch_carries_the_version_it_read() {
+        let patch = fence_patch(Some("42"), &["db-1".to_string()]).unwrap();
+        assert_eq!(patch["metadata"]["resourceVersion"], "42");
+        assert_eq!(patch["metadata"]["annotations"][FENCED_ANNOTATION], "[\"db-1\"]");
+        assert_eq!(
+            fence_patch(Some("7"), &[]).unwrap()["metadata"]["annotations"][FENCED_ANNOTATION],
+            Value::Null
+        );
     }
 
     /// The host cannot use the sdk (it knows no service), so the annotation's format is written
