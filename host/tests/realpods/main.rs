@@ -646,6 +646,23 @@ async fn available_only_when(
     (available_ms, counted_ms, cr)
 }
 
+/// Waits until the resource `name` says `Redundant` True; how long that took.
+async fn redundant_again(env: &TestEnv, kind: e2e::Kind, name: &str, timeout: Duration) -> Duration {
+    let api = kind.api(env);
+    let (_, took) = wait_for(&format!("{name} Redundant True"), timeout, || {
+        let api = api.clone();
+        async move {
+            let cr = get_cr(&api, name).await.ok_or("CR not found")?;
+            match condition(&cr, "Redundant") {
+                Some("True") => Ok(()),
+                _ => Err(summary(&cr)),
+            }
+        }
+    })
+    .await;
+    took
+}
+
 /// [redundancy] must show 3: the pod `pod` holding a copy of the resource `name` is deleted
 /// (`--grace-period=0`); `Redundant` turns False naming it while `Available` stays True, and
 /// True again once its copy is back. Reports `<figure>.redundant_false_after` and

@@ -96,17 +96,7 @@ async fn idle(env: &TestEnv, op: &e2e::Operator) {
     use futures::StreamExt as _;
     let api = POSTGRES.api(env);
     // Settled first: the last step's own writes are not the steady state's.
-    wait_for("pg Redundant before the idle window", Duration::from_secs(120), || {
-        let api = api.clone();
-        async move {
-            let cr = get_cr(&api, "pg").await.ok_or("CR not found")?;
-            match e2e::condition(&cr, "Redundant") {
-                Some("True") => Ok(()),
-                _ => Err(summary(&cr)),
-            }
-        }
-    })
-    .await;
+    crate::redundant_again(env, POSTGRES, "pg", Duration::from_secs(120)).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rv = get_cr(&api, "pg").await.expect("CR")["metadata"]["resourceVersion"]
         .as_str()

@@ -204,17 +204,7 @@ async fn cluster_forms_and_survives_a_master_all_masters_and_all_pods_deleted() 
     );
     // Redundant went False while the shard had no linked replica, naming why, and is True again
     // once its new replica has linked.
-    let (_, ok_again) = wait_for("shop Redundant again", Duration::from_secs(120), || {
-        let api = REDIS.api(&env);
-        async move {
-            let cr = get_cr(&api, "shop").await.ok_or("CR not found")?;
-            match e2e::condition(&cr, "Redundant") {
-                Some("True") => Ok(()),
-                _ => Err(summary(&cr)),
-            }
-        }
-    })
-    .await;
+    let ok_again = crate::redundant_again(&env, REDIS, "shop", Duration::from_secs(120)).await;
     let seen = verdicts.stop();
     let lacking: Vec<&(u64, String, String)> =
         seen.iter().filter(|(_, status, _)| status == "False").collect();
