@@ -120,25 +120,6 @@ async fn retention_delete_is_denied_to_dev_allowed_to_admins_and_both_audited() 
     ensure!(err.contains("single-replica"), "no admission warning for one replica: {err}");
     ensure!(pg_api(&env).get_opt("pg-delete").await?.is_some(), "allowed object not stored");
 
-    // [hardening-2] 7: a lifecycle verb on a running resource takes its permission. An editor in
-    // `dev` may not hibernate it or ask for a switchover; one in `stateward:operators` may.
-    let mut hibernated = manifest.clone();
-    hibernated["spec"]["hibernate"] = json!(true);
-    let (ok, err) = apply_as_alice(&env, "dev", &hibernated, &["--dry-run=server"]);
-    ensure!(
-        !ok && err.contains("lifecycle-hibernate: alice may not hibernate"),
-        "hibernate as dev: {ok} {err}"
-    );
-    let mut switched = manifest.clone();
-    switched["metadata"]["annotations"] = json!({ "stateward.dev/switchover-to": "pg-delete-0" });
-    let (ok, err) = apply_as_alice(&env, "dev", &switched, &["--dry-run=server"]);
-    ensure!(
-        !ok && err.contains("lifecycle-switchover: alice may not ask for a switchover"),
-        "switchover as dev: {ok} {err}"
-    );
-    let (ok, err) = apply_as_alice(&env, "stateward:operators", &hibernated, &["--dry-run=server"]);
-    ensure!(ok, "hibernate as stateward:operators denied: {err}");
-
     // A denial arrives well before the API server's 10 s webhook timeout.
     let started = Instant::now();
     let denied = pg_api(&env).create(&dry_run(), &object(&POSTGRES.manifest("timed", 3, "Delete"))).await;
@@ -178,6 +159,26 @@ async fn retention_delete_is_denied_to_dev_allowed_to_admins_and_both_audited() 
         "admin audit: {:?}",
         outcome("stateward:admins", false)
     );
+
+    // [hardening-2] 7: a lifecycle verb on a running resource takes its permission. An editor in
+    // `dev` may not hibernate it or ask for a switchover; one in `stateward:operators` may.
+    let mut hibernated = manifest.clone();
+    hibernated["spec"]["hibernate"] = json!(true);
+    let (ok, err) = apply_as_alice(&env, "dev", &hibernated, &["--dry-run=server"]);
+    ensure!(
+        !ok && err.contains("lifecycle-hibernate: alice may not hibernate"),
+        "hibernate as dev: {ok} {err}"
+    );
+    let mut switched = manifest.clone();
+    switched["metadata"]["annotations"] = json!({ "stateward.dev/switchover-to": "pg-delete-0" });
+    let (ok, err) = apply_as_alice(&env, "dev", &switched, &["--dry-run=server"]);
+    ensure!(
+        !ok && err.contains("lifecycle-switchover: alice may not ask for a switchover"),
+        "switchover as dev: {ok} {err}"
+    );
+    let (ok, err) = apply_as_alice(&env, "stateward:operators", &hibernated, &["--dry-run=server"]);
+    ensure!(ok, "hibernate as stateward:operators denied: {err}");
+
     let verify = std::process::Command::new(env!("CARGO_BIN_EXE_stateward"))
         .args(["audit", "verify"])
         .arg(&op.audit)
