@@ -246,7 +246,9 @@ impl Health {
     /// Applies `readings` of `threshold` against the streaks in `previous` (the resource's
     /// `status.health`, as this plugin last wrote it). A subject without a reading this time
     /// keeps its streak, and so does one whose reading comes from the answer already counted
-    /// (kept under `<key>AnsweredAtMs`): a streak counts answers, not reconciles.
+    /// (kept under `<key>AnsweredAtMs`): a streak counts answers, not reconciles. Only a
+    /// streak under way keeps its answer's time: a healthy subject's status stays the same
+    /// from one answer to the next, so a quiet service's status is not written again.
     pub fn check(&mut self, previous: Option<&Value>, threshold: Threshold, readings: &[Reading]) {
         let seen_key = format!("{}AnsweredAtMs", threshold.key);
         let object = |key: &str| {
@@ -262,7 +264,12 @@ impl Health {
                 (false, false) => 0,
             };
             streaks.insert(r.subject.clone(), json!(streak));
-            seen.insert(r.subject.clone(), json!(r.answered_at_ms));
+            // A reading under the limit is 0 however often it is counted.
+            if streak > 0 {
+                seen.insert(r.subject.clone(), json!(r.answered_at_ms));
+            } else {
+                seen.remove(&r.subject);
+            }
             if streak >= u64::from(threshold.times) {
                 self.firing.push((
                     threshold.reason,
@@ -516,6 +523,28 @@ mod tests {
                 (Some(3), f)
             ]
         );
+    }
+
+    /// [agent]'s quiet steady state: healthy answers leave `status.health` as it was, however
+    /// many come; the answer's time is kept only while a streak is under way.
+    #[test]
+    fn healthy_answers_leave_the_health_status_unchanged() {
+        let mut status = json!({});
+        let mut written = Vec::new();
+        for (at, value) in [(1, 50.0), (2, 51.0), (3, 49.0), (4, 99.0), (5, 50.0), (6, 50.0)] {
+            let mut h = Health::default();
+            h.check(status.get("health"), T, &[answer(value, at)]);
+            status = json!({ "health": Value::Object(h.streaks) });
+            written.push(status.clone());
+        }
+        let healthy = json!({"health": {"connections": {"db-0": 0}, "connectionsAnsweredAtMs": {}}});
+        assert_eq!(written[0], healthy);
+        assert_eq!((&written[1], &written[2]), (&healthy, &healthy), "nothing changed: nothing to write");
+        assert_eq!(
+            written[3]["health"]["connectionsAnsweredAtMs"]["db-0"], 4,
+            "a streak under way keeps its answer"
+        );
+        assert_eq!((&written[4], &written[5]), (&healthy, &healthy));
     }
 
     #[test]
