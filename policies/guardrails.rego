@@ -340,15 +340,20 @@ deny contains msg if {
 # --- Services -----------------------------------------------------------------------------
 
 # The host sends a plan's http requests to a Service's cluster IP, and checks the Service's own
-# labels, not whom it selects: so a Service a plugin applies selects only its instance's pods
-# (`stateward.dev/instance`, which every member pod carries), and reaches outside the cluster
-# (a node port, a load balancer, an external name or external IPs) only where the policy data
-# allows it.
+# labels, not whom it selects: so a Service a plugin applies selects only its instance's pods, by
+# `stateward.dev/instance` (every member pod carries it; the sdk's Services select it) or, as
+# builds made before it did (the 0.1.0 contract's among them), `app.kubernetes.io/instance`
+# naming the resource; and it reaches outside the cluster (a node port, a load balancer, an
+# external name or external IPs) only where the policy data allows it.
+selects_instance(instance) if object.get(obj, ["spec", "selector", "stateward.dev/instance"], "") == instance
+
+selects_instance(instance) if object.get(obj, ["spec", "selector", "app.kubernetes.io/instance"], "") == instance
+
 deny contains msg if {
 	verb == "apply"
 	kind == "Service"
 	instance := object.get(input, ["resource", "name"], "")
-	object.get(obj, ["spec", "selector", "stateward.dev/instance"], "") != instance
+	not selects_instance(instance)
 	msg := sprintf("service-selector: Service %s must select stateward.dev/instance=%s (only instance %s's pods)", [obj_name, instance, instance])
 }
 

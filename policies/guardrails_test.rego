@@ -436,7 +436,13 @@ test_service_without_the_instance_selector_denied if {
 	denied(apply(service({"ports": [{"port": 80}]})), "service-selector")
 }
 
+test_service_selecting_its_instance_by_the_common_label_allowed if {
+	svc := service({"selector": {"app.kubernetes.io/name": "postgres", "app.kubernetes.io/instance": "main"}})
+	count(guardrails.deny) == 0 with input as apply(svc)
+}
+
 test_service_selecting_another_instance_denied if {
+	denied(apply(service({"selector": {"app.kubernetes.io/instance": "other"}})), "service-selector")
 	denied(apply(service({"selector": object.union(own_selector, {"stateward.dev/instance": "other"})})), "service-selector")
 }
 
