@@ -253,10 +253,13 @@ async fn start_webhooks(
         name_checks: webhook::admission::name_check_budget(),
     };
     let listener = webhook::bind(addr).await?;
-    // The managed clusters' certificates (labelled ensure-secret) come from a service CA of
-    // their own, never the webhook's: made by the keeper, or a second cert-manager root.
+    // The managed clusters' certificates (labelled ensure-secret) come from a CA per instance,
+    // never the webhook's; the CA earlier releases shared is read only to move away from it.
     let keeper = KeeperSettings {
-        ca_secret: (settings.namespace.clone(), controller::service_certs::SERVICE_CA_SECRET.to_string()),
+        legacy_ca_secret: (
+            settings.namespace.clone(),
+            controller::service_certs::LEGACY_CA_SECRET.to_string(),
+        ),
         cert_manager: settings.cert_manager,
         policy: settings.policy.clone(),
     };

@@ -131,13 +131,17 @@ impl Applier {
         let missing = secret_writes(request, existing.and_then(|s| s.data.as_ref()), namespace)
             .map_err(|reason| Error::Resource(request.name.clone(), reason))?;
         let adopt = existing.and_then(|s| certificate_adoption(request, s, owner));
-        if missing.is_empty() && adopt.is_none() {
+        let role = existing.and_then(|s| certificate_role_change(request, s, owner, adopt.is_some()));
+        if missing.is_empty() && adopt.is_none() && role.is_none() {
             return Ok(false);
         }
         if let Some(existing) = existing {
             let mut patch = json!({ "metadata": { "resourceVersion": existing.metadata.resource_version } });
             if let Some(references) = adopt {
                 patch["metadata"]["ownerReferences"] = references;
+            }
+            if let Some(role) = role {
+                patch["metadata"]["labels"] = json!({ super::service_certs::CERTIFICATE_LABEL: role });
             }
             if !missing.is_empty() {
                 patch["data"] = json!(missing);
@@ -328,12 +332,38 @@ fn certificate_adoption(request: &SecretRequest, existing: &Secret, owner: &Valu
         return None;
     }
     let labels = meta.labels.as_ref()?;
-    if !request.labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+    // The role may differ (a build that asks for `peer` where an earlier one asked for `server`):
+    // it is relabelled with the adoption (`certificate_role_change`).
+    let certificate = |k: &str| k == super::service_certs::CERTIFICATE_LABEL;
+    if !labels.get(super::service_certs::CERTIFICATE_LABEL).is_some_and(|v| v == "server" || v == "peer")
+        || !request.labels.iter().all(|(k, v)| certificate(k) || labels.get(k) == Some(v))
+    {
         return None;
     }
     let mut all: Vec<Value> = references.iter().filter_map(|r| serde_json::to_value(r).ok()).collect();
     all.push(owner_reference(owner));
     Some(Value::Array(all))
+}
+
+/// The certificate role to write on an existing certificate Secret of this resource (controlled
+/// by it, or being adopted) whose label names another role than the plugin asks for now: the
+/// keeper then issues a certificate with the usages of the new role. None otherwise.
+fn certificate_role_change(
+    request: &SecretRequest,
+    existing: &Secret,
+    owner: &Value,
+    adopting: bool,
+) -> Option<String> {
+    let label = super::service_certs::CERTIFICATE_LABEL;
+    let wanted = request.labels.iter().find(|(k, _)| k == label).map(|(_, v)| v.clone())?;
+    let ours =
+        adopting
+            || existing.metadata.owner_references.iter().flatten().any(|r| {
+                r.controller == Some(true) && owner["metadata"]["uid"].as_str() == Some(r.uid.as_str())
+            });
+    let now = existing.metadata.labels.as_ref().and_then(|l| l.get(label));
+    (ours && super::service_certs::is_certificate_request(&request.labels) && now != Some(&wanted))
+        .then_some(wanted)
 }
 
 /// The controller owner reference to the custom resource.
@@ -351,7 +381,7 @@ pub fn owner_reference(owner: &Value) -> Value {
 #[cfg(test)]
 #[allow(clippy::expect_used)]
 mod tests {
-    use super::{certificate_adoption, not_ours, secret_writes};
+    use super::{certificate_adoption, certificate_role_change, not_ours, secret_writes};
     use crate::runtime::SecretRequest;
     use k8s_openapi::ByteString;
     use serde_json::json;
@@ -462,5 +492,41 @@ mod tests {
         let credentials =
             SecretRequest { labels: vec![("stateward.dev/instance".into(), "db".into())], ..request };
         assert_eq!(certificate_adoption(&credentials, &old, &owner), None);
+    }
+
+    /// A build asking for a `peer` certificate where an earlier one asked for `server` relabels
+    /// the resource's own Secret (and one it adopts), so the keeper issues the new usages; a
+    /// Secret of someone else's, or with the role asked for, is left alone.
+    #[test]
+    fn the_certificate_role_follows_the_request_on_the_resources_own_secret() {
+        let owner = json!({ "apiVersion": "stateward.dev/v1", "kind": "ElasticsearchCluster", "metadata": { "name": "es", "uid": "u-1" } });
+        let request = SecretRequest {
+            name: "es-tls".into(),
+            keys: Vec::new(),
+            labels: vec![
+                ("stateward.dev/certificate".into(), "peer".into()),
+                ("stateward.dev/instance".into(), "es".into()),
+            ],
+            derived: Vec::new(),
+        };
+        let secret = |meta: serde_json::Value| k8s_openapi::api::core::v1::Secret {
+            metadata: serde_json::from_value(meta).expect("meta"),
+            ..Default::default()
+        };
+        let labels =
+            |role: &str| json!({ "stateward.dev/certificate": role, "stateward.dev/instance": "es" });
+        let controlled = |role: &str, uid: &str| {
+            secret(json!({ "name": "es-tls", "labels": labels(role), "ownerReferences": [
+                { "apiVersion": "stateward.dev/v1", "kind": "ElasticsearchCluster", "name": "es", "uid": uid, "controller": true } ] }))
+        };
+        let change = |s: &k8s_openapi::api::core::v1::Secret, adopting| {
+            certificate_role_change(&request, s, &owner, adopting)
+        };
+        assert_eq!(change(&controlled("server", "u-1"), false).as_deref(), Some("peer"));
+        assert_eq!(change(&controlled("peer", "u-1"), false), None, "already the role asked for");
+        assert_eq!(change(&controlled("server", "u-9"), false), None, "another resource's");
+        let old = secret(json!({ "name": "es-tls", "labels": labels("server") }));
+        assert!(certificate_adoption(&request, &old, &owner).is_some(), "adopted whatever its role");
+        assert_eq!(change(&old, true).as_deref(), Some("peer"), "relabelled as it is adopted");
     }
 }

@@ -1,32 +1,46 @@
-//! Service certificates for managed clusters (issue 7, item 4), service-agnostic and within the
-//! WIT contract as it is: a plugin asks for a certificate with an ordinary `ensure-secret`
-//! whose labels carry [`CERTIFICATE_LABEL`] (keys `tls.crt`, `tls.key`, `ca.crt` as for any
-//! `kubernetes.io/tls` Secret). The host then issues from its service CA instead of filling
-//! random bytes, naming the Services its resource controls (plus pod DNS names under headless
-//! Services), renews it under the threshold, and stamps the hash of every certificate a pod
-//! template mounts into [`POD_ANNOTATION`], so the StatefulSet controller rolls the pods one at
-//! a time when a certificate changes. No service name appears here: Services, Secrets and pod
-//! templates are plain Kubernetes.
+//! Service certificates for managed clusters, service-agnostic and within the WIT contract as
+//! it is: a plugin asks for a certificate with an ordinary `ensure-secret` whose labels carry
+//! [`CERTIFICATE_LABEL`] (keys `tls.crt`, `tls.key`, `ca.crt` as for any `kubernetes.io/tls`
+//! Secret; value `server`, or `peer` when the members also present it to each other). The host
+//! then issues it from the instance's own CA instead of filling random bytes, naming the Services
+//! its resource controls (plus pod DNS names under headless Services), renews it under the
+//! threshold, and stamps the hash of every certificate a pod template mounts (with the CAs it
+//! trusts) into [`POD_ANNOTATION`], so the StatefulSet controller rolls the pods one at a time
+//! when a certificate changes. No service name appears here: Services, Secrets and pod templates
+//! are plain Kubernetes.
+//!
+//! **One CA per instance.** Each managed resource has a CA of its own, in a Secret
+//! ([`instance_ca_name`]) beside its other children, controlled by the resource (it goes with
+//! it). Whoever can read Secrets in a namespace can read a cluster's key and CA there; with a CA
+//! shared between namespaces that was enough to pass for a member of any other namespace's
+//! cluster (a client trusting the CA accepts the server, an Elasticsearch node joins the cluster).
+//! With a CA per instance, what one instance's Secrets hold is trusted by that instance alone.
 //!
 //! Whoever can create Secrets and Services in a namespace can put the label on them, so the
-//! label alone proves nothing (hardening finding 5). A certificate is issued only for a Secret
-//! whose controller owner reference names a kind the operator serves (the applier sets it when
-//! it creates the Secret, `Applier::ensure_secret`), only for Services controlled by that same
-//! resource (same owner uid), and only for full DNS names (`svc.ns.svc`, `…svc.cluster.local`),
-//! never a short name that a client in another namespace would resolve to its own Service. The
-//! CA is the service CA ([`SERVICE_CA_SECRET`], created here in the operator's namespace, or a
-//! second cert-manager root with `--cert-manager`), never the webhook's: a service certificate
-//! cannot pass for the webhook, whose CA the API server trusts.
+//! label alone proves nothing. A certificate is issued only for a Secret whose controller owner
+//! reference names a kind the operator serves (the applier sets it when it creates the Secret,
+//! `Applier::ensure_secret`), only for Services controlled by that same resource (same owner
+//! uid), and only for full DNS names (`svc.ns.svc`, `…svc.cluster.local`), never a short name
+//! that a client in another namespace would resolve to its own Service. A CA Secret that the
+//! resource does not control (made by someone else under that name) is never used: the
+//! certificate waits, and the keeper says why.
+//!
+//! **From the shared CA.** Releases before this one issued every cluster's certificate from one
+//! service CA in the operator's namespace ([`LEGACY_CA_SECRET`]). A certificate Secret still on it
+//! moves to its instance's CA in three steps, each one roll of the pods that mount it, the next
+//! taken once every such StatefulSet has rolled ([`CaStep`]): the pods first trust both CAs
+//! (certificate unchanged), then present a certificate of the instance CA (still trusting both,
+//! so members on either side of the roll accept each other), then trust the instance CA alone.
 //!
 //! [`CertificateKeeper`] is a controller beside the per-kind ones, started and stopped with them
 //! (only while this replica leads) and fed by the same child caches (Secrets and Services
-//! carrying the instance label), with the operator's existing permissions (patch on Secrets):
-//! the controller creates the labelled Secret through `ensure-secret` and never overwrites it
-//! afterwards; the keeper fills and renews it. The controller stamps the pod template as it
-//! applies a StatefulSet ([`stamp_planned`]): a set is created only once its certificates are
-//! issued (its pods never start on placeholder bytes, so a new cluster does not roll right after
-//! it forms), a renewal is a change of a child and rolls the pods through the set's own update
-//! strategy, and a StatefulSet in the middle of a roll keeps its stamp until that roll is done
+//! carrying the instance label): the controller creates the labelled Secret through
+//! `ensure-secret` and never overwrites it afterwards; the keeper makes the instance CA and fills
+//! and renews the certificate. The controller stamps the pod template as it applies a
+//! StatefulSet ([`stamp_planned`]): a set is created only once its certificates are issued (its
+//! pods never start on placeholder bytes, so a new cluster does not roll right after it forms),
+//! a renewal is a change of a child and rolls the pods through the set's own update strategy,
+//! and a StatefulSet in the middle of a roll keeps its stamp until that roll is done
 //! ([`roll_in_progress`]), so rolls never overlap.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,13 +54,27 @@ use crate::children::{ChildChange, Children};
 use crate::webhook::certs::{self, CertPolicy, Material};
 use crate::webhook::WebhookError;
 
-/// Label of an `ensure-secret` request that asks for a server certificate (value `server`).
+/// Label of an `ensure-secret` request that asks for a certificate: value `server` (server
+/// authentication) or `peer` (server and client authentication).
 pub const CERTIFICATE_LABEL: &str = "stateward.dev/certificate";
+/// Label of an instance's CA Secret (value `true`).
+pub const CA_LABEL: &str = "stateward.dev/service-ca";
+/// Annotation of a certificate Secret moving from the shared CA to its instance's
+/// ([`CaStep`]): [`TRUSTING_BOTH`], then [`ISSUED_UNDER_BOTH`]; gone once it is done.
+pub const MIGRATION_ANNOTATION: &str = "stateward.dev/ca-migration";
+/// Annotation of a certificate Secret: the role its certificate was issued for (`server` or
+/// `peer`); a certificate issued before roles (no annotation) carried both usages.
+pub const ROLE_ANNOTATION: &str = "stateward.dev/cert-role";
+/// The pods trust both CAs and still present the shared CA's certificate.
+pub const TRUSTING_BOTH: &str = "trusting-both";
+/// The pods present the instance CA's certificate and still trust both.
+pub const ISSUED_UNDER_BOTH: &str = "issued-under-both";
 /// Pod-template annotation: SHA-256 over the certificates the pods mount.
 pub const POD_ANNOTATION: &str = "stateward.dev/certificates-sha256";
-/// The Secret of the service CA in the operator's namespace (the same name is the cert-manager
-/// Certificate and Secret with `--cert-manager`).
-pub const SERVICE_CA_SECRET: &str = crate::webhook::certmanager::SERVICE_CA_CERTIFICATE;
+/// The Secret of the CA that releases before per-instance CAs shared between every cluster, in
+/// the operator's namespace (with `--cert-manager`, cert-manager's Secret of that name): read
+/// only to move the certificates it issued to their instances' CAs, never written.
+pub const LEGACY_CA_SECRET: &str = "stateward-service-ca";
 /// JSON pointer to the key above (`/` escaped as `~1`).
 const POD_ANNOTATION_POINTER: &str = "/spec/template/metadata/annotations/stateward.dev~1certificates-sha256";
 /// JSON pointer to a certificate Secret's expiry annotation, which only an issued one has.
@@ -54,24 +82,41 @@ const NOT_AFTER_POINTER: &str = "/metadata/annotations/stateward.dev~1cert-not-a
 /// Where a certificate Secret says which names its certificate carries.
 const SANS_POINTER: &str = "/metadata/annotations/stateward.dev~1cert-sans";
 
-/// Whether a secret request's labels ask for a certificate.
-pub fn is_certificate_request(labels: &[(String, String)]) -> bool {
-    labels.iter().any(|(k, v)| k == CERTIFICATE_LABEL && v == "server")
+/// Whether a [`CERTIFICATE_LABEL`] value asks for a certificate.
+fn is_role(value: &str) -> bool {
+    matches!(value, "server" | "peer")
 }
 
-/// The uid of the managed resource an object was created for: its controller owner reference,
-/// when that names one of the `served` kinds (group, kind). Owner references are namespaced,
-/// so the resource is in the object's own namespace.
-pub fn managed_owner(object: &Value, served: &BTreeSet<(String, String)>) -> Option<String> {
+/// Whether a secret request's labels ask for a certificate.
+pub fn is_certificate_request(labels: &[(String, String)]) -> bool {
+    labels.iter().any(|(k, v)| k == CERTIFICATE_LABEL && is_role(v))
+}
+
+/// The name of an instance's CA Secret, in the instance's namespace.
+pub fn instance_ca_name(instance: &str) -> String {
+    format!("{instance}-service-ca")
+}
+
+/// The controller owner reference of an object created for a managed resource, when it names
+/// one of the `served` kinds (group, kind). Owner references are namespaced, so the resource
+/// is in the object's own namespace.
+pub fn managed_owner_reference<'a>(
+    object: &'a Value,
+    served: &BTreeSet<(String, String)>,
+) -> Option<&'a Value> {
     let references = object.pointer("/metadata/ownerReferences").and_then(Value::as_array)?;
     let controller = references.iter().find(|r| r["controller"] == json!(true))?;
     let api_version = controller["apiVersion"].as_str()?;
     let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
     let kind = controller["kind"].as_str()?;
-    served
-        .contains(&(group.to_string(), kind.to_string()))
-        .then(|| controller["uid"].as_str())?
-        .map(str::to_string)
+    controller["uid"].as_str()?;
+    controller["name"].as_str()?;
+    served.contains(&(group.to_string(), kind.to_string())).then_some(controller)
+}
+
+/// The uid of the managed resource an object was created for ([`managed_owner_reference`]).
+pub fn managed_owner(object: &Value, served: &BTreeSet<(String, String)>) -> Option<String> {
+    managed_owner_reference(object, served).and_then(|r| r["uid"].as_str()).map(str::to_string)
 }
 
 /// Full DNS names for the Services among `objects` controlled by the resource with uid
@@ -105,10 +150,20 @@ pub fn service_sans(objects: &[Value], owner: &str, namespace: &str) -> Vec<Stri
 pub type Issued = (BTreeMap<String, String>, BTreeMap<String, String>);
 
 /// Issues a certificate for `sans` from `ca` (only its CA half is used) as Secret string data
-/// and annotations.
-pub fn issue(ca: &Material, sans: &[String], policy: &CertPolicy) -> Result<Issued, WebhookError> {
+/// and annotations: for serving clients, and with `peer` also for members authenticating to
+/// each other.
+pub fn issue(
+    ca: &Material,
+    sans: &[String],
+    policy: &CertPolicy,
+    peer: bool,
+) -> Result<Issued, WebhookError> {
     let mut m = ca.clone();
-    certs::renew_member(&mut m, policy, sans)?;
+    if peer {
+        certs::renew_member(&mut m, policy, sans)?;
+    } else {
+        certs::renew_serving(&mut m, policy, sans)?;
+    }
     let data = BTreeMap::from([
         (certs::TLS_CRT.to_string(), m.cert_pem.clone()),
         (certs::TLS_KEY.to_string(), m.key_pem.clone()),
@@ -117,6 +172,7 @@ pub fn issue(ca: &Material, sans: &[String], policy: &CertPolicy) -> Result<Issu
     let annotations = BTreeMap::from([
         (certs::CERT_NOT_AFTER.to_string(), m.cert_not_after.to_string()),
         (certs::CERT_SANS.to_string(), sans.join(",")),
+        (ROLE_ANNOTATION.to_string(), if peer { "peer" } else { "server" }.to_string()),
     ]);
     Ok((data, annotations))
 }
@@ -267,21 +323,31 @@ pub fn stamp_planned(
     Ok(())
 }
 
-/// A Secret asking to be a server certificate ([`CERTIFICATE_LABEL`]).
+/// A Secret asking to be a certificate ([`CERTIFICATE_LABEL`]).
 fn is_certificate_secret(c: &Value) -> bool {
     c["apiVersion"] == "v1"
         && c["kind"] == "Secret"
-        && c.pointer("/metadata/labels").and_then(|l| l.get(CERTIFICATE_LABEL)) == Some(&json!("server"))
+        && c.pointer("/metadata/labels")
+            .and_then(|l| l.get(CERTIFICATE_LABEL))
+            .and_then(Value::as_str)
+            .is_some_and(is_role)
 }
 
-/// The certificate (`tls.crt`, PEM) of a certificate Secret, once the keeper has issued it (it
-/// writes the expiry with it).
+/// What the pods of a certificate Secret are made with, once the keeper has issued it (it writes
+/// the expiry with it): the certificate (`tls.crt`) and the CAs they trust (`ca.crt`), PEM, so a
+/// change of either rolls them.
 fn issued_pem(secret: &Value) -> Option<String> {
     use base64::Engine as _;
     secret.pointer(NOT_AFTER_POINTER)?;
-    let encoded = secret.pointer(&format!("/data/{}", certs::TLS_CRT))?.as_str()?;
-    let pem = base64::engine::general_purpose::STANDARD.decode(encoded).ok()?;
-    String::from_utf8(pem).ok()
+    let text = |key: &str| {
+        let encoded = secret.pointer(&format!("/data/{key}"))?.as_str()?;
+        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(encoded).ok()?).ok()
+    };
+    let mut pem = text(certs::TLS_CRT)?;
+    if let Some(trusted) = text(certs::CA_CRT) {
+        pem.push_str(&trusted);
+    }
+    Some(pem)
 }
 
 /// Whether this reconcile's apply will stamp the cached StatefulSet `statefulset` anew (a
@@ -346,19 +412,85 @@ pub fn roll_in_progress(statefulset: &Value) -> bool {
     observed < generation || update.is_none() || current != update
 }
 
-/// Where the keeper's CA is and how long its certificates live (the keeper runs only when the
-/// webhooks do, with their lifetimes).
+/// Where a certificate Secret is on its way to (or on) its instance's CA; see the module's
+/// documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaStep {
+    /// Issued by the instance CA and trusting it alone: renewed when due.
+    Current,
+    /// A placeholder, or issued by a CA that is neither the instance's nor the shared one (an
+    /// instance CA renewed, the shared one gone): issue from the instance CA.
+    Issue,
+    /// Issued by the shared CA and trusting it alone: trust the instance CA beside it, the
+    /// certificate unchanged.
+    TrustBoth,
+    /// Trusting both, and rolled: present a certificate of the instance CA, still trusting both.
+    IssueUnderBoth,
+    /// Presenting the instance CA's certificate, and rolled: trust the instance CA alone.
+    DropShared,
+    /// A step taken, its roll not done yet.
+    Rolling,
+}
+
+/// The step due for a certificate Secret trusting `trusted` (its `ca.crt`), at `migration` (its
+/// [`MIGRATION_ANNOTATION`]), with the instance CA `instance_ca` and the shared CA `shared_ca`
+/// (PEM), when the pods that mount it have `rolled` to what it holds now.
+pub fn ca_step(
+    trusted: &str,
+    migration: Option<&str>,
+    instance_ca: &str,
+    shared_ca: Option<&str>,
+    rolled: bool,
+) -> CaStep {
+    let next = match migration {
+        Some(TRUSTING_BOTH) => CaStep::IssueUnderBoth,
+        Some(ISSUED_UNDER_BOTH) => CaStep::DropShared,
+        _ if trusted == instance_ca => return CaStep::Current,
+        _ if shared_ca.is_some_and(|shared| shared == trusted) => return CaStep::TrustBoth,
+        _ => return CaStep::Issue,
+    };
+    if rolled {
+        next
+    } else {
+        CaStep::Rolling
+    }
+}
+
+/// Whether every StatefulSet among `sets` that mounts the certificate Secret `name` runs pods
+/// made with what the certificate Secrets (`certificates`: name → what [`issued_pem`] reads) hold
+/// now: its template carries their stamp, its controller has seen it, and every replica is on
+/// its update revision and ready. True when no set mounts it.
+pub fn rolled_out(name: &str, certificates: &BTreeMap<String, String>, sets: &[Value]) -> bool {
+    sets.iter().all(|set| {
+        let Some(template) = set.pointer("/spec/template") else { return true };
+        if !mounted_secrets(template).contains(name) {
+            return true;
+        }
+        let mut planned = set.clone();
+        stamp_pod_template(&mut planned, certificates);
+        let number = |pointer: &str| set.pointer(pointer).and_then(Value::as_i64);
+        let replicas = number("/spec/replicas").unwrap_or(1);
+        planned.pointer(POD_ANNOTATION_POINTER) == set.pointer(POD_ANNOTATION_POINTER)
+            && number("/status/observedGeneration") >= number("/metadata/generation")
+            && number("/status/updatedReplicas").unwrap_or(0) == replicas
+            && number("/status/readyReplicas").unwrap_or(0) == replicas
+            && number("/status/replicas").unwrap_or(0) == replicas
+    })
+}
+
+/// How long certificates live, and where the CA of releases before per-instance CAs is (the
+/// keeper runs only when the webhooks do, with their lifetimes).
 #[derive(Debug, Clone)]
 pub struct KeeperSettings {
-    /// The Secret holding the service CA (namespace, name): [`SERVICE_CA_SECRET`] in the
-    /// operator's namespace, made by the keeper, or with `--cert-manager` kept by cert-manager.
-    pub ca_secret: (String, String),
-    /// Whether `ca_secret` is cert-manager's (CA in `tls.crt`/`tls.key`).
+    /// The Secret of the shared CA of earlier releases (namespace, name): [`LEGACY_CA_SECRET`]
+    /// in the operator's namespace. Read, never written.
+    pub legacy_ca_secret: (String, String),
+    /// Whether `legacy_ca_secret` is cert-manager's (CA in `tls.crt`/`tls.key`).
     pub cert_manager: bool,
     pub policy: CertPolicy,
 }
 
-/// Issues and renews the certificate Secrets of managed clusters from the service CA.
+/// Issues and renews the certificate Secrets of managed clusters from their instances' CAs.
 pub struct CertificateKeeper {
     pub client: kube::Client,
     /// The controllers' child caches (objects carrying the instance label).
@@ -369,9 +501,9 @@ pub struct CertificateKeeper {
     pub served: BTreeSet<(String, String)>,
 }
 
-/// Whether a cached Secret asks for a certificate (labelled `stateward.dev/certificate=server`).
+/// Whether a cached Secret asks for a certificate ([`CERTIFICATE_LABEL`]).
 fn wants_certificate(secret: &impl kube::Resource) -> bool {
-    kube::ResourceExt::labels(secret).get(CERTIFICATE_LABEL).map(String::as_str) == Some("server")
+    kube::ResourceExt::labels(secret).get(CERTIFICATE_LABEL).is_some_and(|v| is_role(v))
 }
 
 impl CertificateKeeper {
@@ -383,14 +515,16 @@ impl CertificateKeeper {
     /// Errors are logged. Runs until dropped or aborted (with the controllers).
     pub async fn run(self) {
         let wake = Arc::new(tokio::sync::Notify::new());
-        // A certificate needs its Secret and the instance's Services (its names): a change to
-        // either wakes a pass. The changes are read all the time, also during a pass.
+        // A certificate needs its Secret and the instance's Services (its names), a step of a
+        // move to the instance CA the roll of its StatefulSets: a change to any wakes a pass.
+        // The changes are read all the time, also during a pass.
         let changes = self.children.changes().filter(|change| {
             let wakes = match change {
                 ChildChange::Changed(child) => {
                     let kind = child.types.as_ref().map(|t| (t.api_version.as_str(), t.kind.as_str()));
                     kind == Some(("v1", "Service"))
                         || (kind == Some(("v1", "Secret")) && wants_certificate(child.as_ref()))
+                        || (kind == Some(("apps/v1", "StatefulSet")) && self.migrating())
                 }
                 ChildChange::Relisted | ChildChange::Deleted { .. } => false,
             };
@@ -409,7 +543,7 @@ impl CertificateKeeper {
         let keeping = async {
             loop {
                 match self.sync().await {
-                    Ok(n) if n > 0 => tracing::info!(issued = n, "service certificates issued"),
+                    Ok(n) if n > 0 => tracing::info!(written = n, "service certificates written"),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "service certificates not kept; retrying"),
                 }
@@ -426,58 +560,120 @@ impl CertificateKeeper {
         }
     }
 
-    /// The service CA as its Secret holds it now. Built-in mode: made on the first pass and
-    /// made anew when less than a certificate's lifetime is left (a write guarded by the
-    /// resourceVersion just read, so a replica that led a moment ago cannot race it; on a
-    /// conflict the next pass reads the result). `None` until there is one.
-    async fn service_ca(&self) -> Result<Option<Material>, WebhookError> {
+    /// Whether any certificate Secret is moving to its instance's CA (then a StatefulSet's roll
+    /// may let it take its next step).
+    fn migrating(&self) -> bool {
+        self.children.secrets().iter().any(|s| {
+            wants_certificate(s.as_ref())
+                && kube::ResourceExt::annotations(s.as_ref()).contains_key(MIGRATION_ANNOTATION)
+        })
+    }
+
+    /// The shared CA of earlier releases, if its Secret is still there.
+    async fn shared_ca(&self) -> Result<Option<Material>, WebhookError> {
+        use k8s_openapi::api::core::v1::Secret;
+        let (namespace, name) = &self.settings.legacy_ca_secret;
+        let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), namespace);
+        let found = api.get_opt(name).await.map_err(WebhookError::kube("reading the shared service CA"))?;
+        Ok(found.as_ref().and_then(|secret| {
+            if self.settings.cert_manager {
+                certs::ca_from_cert_manager(secret)
+            } else {
+                Material::ca_from_secret(secret)
+            }
+        }))
+    }
+
+    /// The CA of the instance `owner` (its controller owner reference, in `namespace`), from the
+    /// child cache: made on first use and made anew when less than a certificate's lifetime is
+    /// left (a write guarded by the resourceVersion read, so a replica that led a moment ago
+    /// cannot race it; on a conflict the next pass reads the result). `None` until there is
+    /// one. A Secret of that name the resource does not control is an error: never used, never
+    /// overwritten.
+    async fn instance_ca(&self, namespace: &str, owner: &Value) -> Result<Option<Material>, WebhookError> {
         use k8s_openapi::api::core::v1::Secret;
         use kube::api::PostParams;
-        let (ca_namespace, ca_name) = &self.settings.ca_secret;
-        let ca_api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), ca_namespace);
-        let current = ca_api.get_opt(ca_name).await.map_err(WebhookError::kube("reading the service CA"))?;
-        if self.settings.cert_manager {
-            return Ok(current.as_ref().and_then(certs::ca_from_cert_manager));
+        let (instance, uid) = (owner["name"].as_str().unwrap_or_default(), owner["uid"].as_str());
+        let name = instance_ca_name(instance);
+        let cached = self.children.secret(namespace, &name);
+        if let Some(secret) = &cached {
+            let controlled = secret
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|r| r.controller == Some(true) && Some(r.uid.as_str()) == uid);
+            if !controlled {
+                return Err(WebhookError::Certificate(format!(
+                    "Secret {namespace}/{name} is not the CA of {instance} (the resource does not control it): \
+                     its certificates are issued once that Secret is removed"
+                )));
+            }
+            let stored = Material::ca_from_secret(secret);
+            if let Some(ca) = stored.filter(|ca| !certs::ca_due(ca, &self.settings.policy)) {
+                return Ok(Some(ca));
+            }
         }
-        let stored = current.as_ref().and_then(Material::ca_from_secret);
-        if let Some(ca) = stored.filter(|ca| !certs::ca_due(ca, &self.settings.policy)) {
-            return Ok(Some(ca));
-        }
-        let ca = certs::issue_ca(&self.settings.policy, certs::SERVICE_CA_COMMON_NAME)?;
-        let written = match current {
+        let ca = certs::issue_ca_for(&self.settings.policy, certs::SERVICE_CA_COMMON_NAME, uid)?;
+        let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), namespace);
+        let written = match cached {
             None => {
                 let mut secret = Secret::default();
-                secret.metadata.name = Some(ca_name.clone());
-                secret.metadata.labels = Some(BTreeMap::from([(
-                    "app.kubernetes.io/managed-by".to_string(),
-                    "stateward".to_string(),
-                )]));
-                ca_api.create(&PostParams::default(), &ca.ca_into_secret(secret)).await
+                secret.metadata.name = Some(name.clone());
+                secret.metadata.labels = Some(BTreeMap::from([
+                    (crate::children::INSTANCE_LABEL.to_string(), instance.to_string()),
+                    (CA_LABEL.to_string(), "true".to_string()),
+                    ("app.kubernetes.io/managed-by".to_string(), "stateward".to_string()),
+                ]));
+                secret.metadata.owner_references = Some(vec![serde_json::from_value(owner.clone())
+                    .map_err(|e| {
+                        WebhookError::Certificate(format!("owner reference of {instance}: {e}"))
+                    })?]);
+                api.create(&PostParams::default(), &ca.ca_into_secret(secret)).await
             }
+            // A merge patch over the version read: the operator patches Secrets, it does not
+            // replace them.
             Some(existing) => {
-                ca_api.replace(ca_name, &PostParams::default(), &ca.ca_into_secret(existing)).await
+                let renewed = ca.ca_into_secret(Secret::default());
+                let patch = json!({
+                    "metadata": {
+                        "resourceVersion": existing.metadata.resource_version,
+                        "annotations": renewed.metadata.annotations,
+                    },
+                    "data": renewed.data,
+                });
+                api.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await
             }
         };
         match written {
             Ok(_) => {
-                tracing::info!(not_after = ca.ca_not_after, "service CA issued");
+                tracing::info!(namespace, instance, not_after = ca.ca_not_after, "instance CA issued");
                 Ok(Some(ca))
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
-            Err(e) => Err(WebhookError::kube("writing the service CA")(e)),
+            Err(e) => Err(WebhookError::kube("writing an instance CA")(e)),
         }
     }
 
-    /// One pass: issue what is due (the controllers stamp the StatefulSets, [`stamp_planned`]).
-    /// Returns how many certificates were issued.
+    /// One pass: issue what is due, and take the next step of every certificate moving to its
+    /// instance's CA whose pods have rolled (the controllers stamp the StatefulSets,
+    /// [`stamp_planned`]). Returns how many certificate Secrets were written. An instance whose
+    /// CA cannot be had is logged and skipped; the others are kept.
     pub async fn sync(&self) -> Result<usize, WebhookError> {
         use k8s_openapi::api::core::v1::Secret;
         use kube::api::{Patch, PatchParams};
-        let Some(ca) = self.service_ca().await? else {
-            return Ok(0);
-        };
-        let wanted: Vec<Arc<Secret>> =
-            self.children.secrets().into_iter().filter(|s| wants_certificate(s.as_ref())).collect();
+        let wanted: Vec<Value> = self
+            .children
+            .secrets()
+            .into_iter()
+            .filter(|s| wants_certificate(s.as_ref()))
+            .filter_map(|s| serde_json::to_value(s.as_ref()).ok())
+            .map(|mut v| {
+                v["apiVersion"] = json!("v1");
+                v["kind"] = json!("Secret");
+                v
+            })
+            .collect();
         // Every managed resource's Services, from the cache (a pass costs no API read).
         let mut services_by_ns: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         for service in self.children.services() {
@@ -488,51 +684,138 @@ impl CertificateKeeper {
             }
         }
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        let mut issued = 0;
-        for secret in wanted {
-            let (Some(ns), Some(name)) = (secret.metadata.namespace.clone(), secret.metadata.name.clone())
-            else {
+        // Read once a pass, and only when a certificate is not on its instance's CA.
+        let mut shared: Option<Option<Material>> = None;
+        let mut cas: BTreeMap<(String, String), Option<Material>> = BTreeMap::new();
+        let mut written = 0;
+        for secret in &wanted {
+            let text = |pointer: &str| secret.pointer(pointer).and_then(Value::as_str).map(str::to_string);
+            let (Some(ns), Some(name)) = (text("/metadata/namespace"), text("/metadata/name")) else {
                 continue;
             };
             // Only a Secret the operator created for a resource it manages.
-            let Some(owner) =
-                serde_json::to_value(secret.as_ref()).ok().and_then(|v| managed_owner(&v, &self.served))
-            else {
+            let Some(owner) = managed_owner_reference(secret, &self.served).cloned() else {
                 continue;
             };
+            let uid = owner["uid"].as_str().unwrap_or_default();
             let objects = services_by_ns.get(&ns).map(Vec::as_slice).unwrap_or_default();
-            let sans = service_sans(objects, &owner, &ns);
-            let text = |k: &str| {
-                secret
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get(k))
-                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-                    .unwrap_or_default()
-            };
-            let current_ca = text(certs::CA_CRT) == ca.ca_pem;
-            if sans.is_empty()
-                || (current_ca
-                    && !renewal_due(secret.metadata.annotations.as_ref(), &sans, &self.settings.policy, now))
-            {
+            let sans = service_sans(objects, uid, &ns);
+            if sans.is_empty() {
                 continue;
             }
-            let (data, annotations) = issue(&ca, &sans, &self.settings.policy)?;
+            let key = (ns.clone(), uid.to_string());
+            if !cas.contains_key(&key) {
+                let ca = self.instance_ca(&ns, &owner).await.unwrap_or_else(|e| {
+                    tracing::warn!(namespace = %ns, secret = %name, error = %e, "certificate not issued");
+                    None
+                });
+                cas.insert(key.clone(), ca);
+            }
+            let Some(ca) = cas.get(&key).cloned().flatten() else { continue };
+            let data = |key: &str| {
+                use base64::Engine as _;
+                secret
+                    .pointer(&format!("/data/{key}"))
+                    .and_then(Value::as_str)
+                    .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                    .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    .unwrap_or_default()
+            };
+            let trusted = data(certs::CA_CRT);
+            let migration =
+                text(&format!("/metadata/annotations/{}", MIGRATION_ANNOTATION.replace('/', "~1")));
+            if trusted != ca.ca_pem && migration.is_none() && shared.is_none() {
+                shared = Some(self.shared_ca().await?);
+            }
+            let rolled = migration.is_none() || {
+                let in_namespace = |v: &&Value| {
+                    v.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns.as_str())
+                };
+                let certificates: BTreeMap<String, String> = wanted
+                    .iter()
+                    .filter(in_namespace)
+                    .filter_map(|s| {
+                        Some((s.pointer("/metadata/name")?.as_str()?.to_string(), issued_pem(s)?))
+                    })
+                    .collect();
+                let sets: Vec<Value> = self
+                    .children
+                    .statefulsets(&ns)
+                    .iter()
+                    .filter_map(|s| serde_json::to_value(s.as_ref()).ok())
+                    .collect();
+                rolled_out(&name, &certificates, &sets)
+            };
+            let shared_pem = shared.as_ref().and_then(Option::as_ref).map(|m| m.ca_pem.as_str());
+            let step = ca_step(&trusted, migration.as_deref(), &ca.ca_pem, shared_pem, rolled);
+            let role = secret
+                .pointer("/metadata/labels")
+                .and_then(|l| l.get(CERTIFICATE_LABEL))
+                .and_then(Value::as_str);
+            let peer = role == Some("peer");
+            let annotations_now: BTreeMap<String, String> =
+                serde_json::from_value(secret.pointer("/metadata/annotations").cloned().unwrap_or(json!({})))
+                    .unwrap_or_default();
+            // Issued for another role than asked for now (the plugin changed it).
+            let role_changed = annotations_now.get(ROLE_ANNOTATION).map_or("peer", String::as_str)
+                != role.unwrap_or("server");
+            // (string data, annotations, the migration annotation afterwards)
+            let (data, annotations, next): (
+                BTreeMap<String, String>,
+                BTreeMap<String, String>,
+                Option<&str>,
+            ) = match step {
+                CaStep::Rolling => continue,
+                CaStep::Current => {
+                    if !role_changed
+                        && !renewal_due(Some(&annotations_now), &sans, &self.settings.policy, now)
+                    {
+                        continue;
+                    }
+                    let (data, annotations) = issue(&ca, &sans, &self.settings.policy, peer)?;
+                    (data, annotations, None)
+                }
+                CaStep::Issue => {
+                    let (data, annotations) = issue(&ca, &sans, &self.settings.policy, peer)?;
+                    (data, annotations, None)
+                }
+                CaStep::TrustBoth => (
+                    BTreeMap::from([(certs::CA_CRT.to_string(), format!("{}{trusted}", ca.ca_pem))]),
+                    BTreeMap::new(),
+                    Some(TRUSTING_BOTH),
+                ),
+                CaStep::IssueUnderBoth => {
+                    let (mut data, annotations) = issue(&ca, &sans, &self.settings.policy, peer)?;
+                    data.insert(certs::CA_CRT.to_string(), trusted.clone());
+                    (data, annotations, Some(ISSUED_UNDER_BOTH))
+                }
+                CaStep::DropShared => {
+                    (BTreeMap::from([(certs::CA_CRT.to_string(), ca.ca_pem.clone())]), BTreeMap::new(), None)
+                }
+            };
+            let mut annotations: serde_json::Map<String, Value> =
+                annotations.into_iter().map(|(k, v)| (k, json!(v))).collect();
+            annotations.insert(MIGRATION_ANNOTATION.to_string(), next.map_or(Value::Null, |n| json!(n)));
             let patch = json!({
-                "metadata": { "resourceVersion": secret.metadata.resource_version, "annotations": annotations },
+                "metadata": { "resourceVersion": secret.pointer("/metadata/resourceVersion"), "annotations": annotations },
                 "type": "Opaque",
                 "stringData": data,
             });
             let api: kube::Api<Secret> = kube::Api::namespaced(self.client.clone(), &ns);
             match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                Ok(_) => issued += 1,
+                Ok(_) => {
+                    written += 1;
+                    if step != CaStep::Current && step != CaStep::Issue {
+                        tracing::info!(namespace = %ns, secret = %name, step = ?step, "certificate moving to its instance's CA");
+                    }
+                }
                 // The cached Secret was behind (or someone else wrote it first); the next
                 // pass reads the result.
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
                 Err(e) => return Err(WebhookError::kube("writing a certificate Secret")(e)),
             }
         }
-        Ok(issued)
+        Ok(written)
     }
 }
 
@@ -632,7 +915,8 @@ mod tests {
         let back =
             Material::ca_from_secret(&service_ca.ca_into_secret(Default::default())).expect("read back");
         assert_eq!(back.ca_pem, service_ca.ca_pem);
-        let (data, _) = issue(&back, &["stateward-webhook.ops.svc".to_string()], &policy).expect("issue");
+        let (data, _) =
+            issue(&back, &["stateward-webhook.ops.svc".to_string()], &policy, false).expect("issue");
         let mut roots = rustls::RootCertStore::empty();
         roots.add(CertificateDer::from_pem_slice(webhook.ca_pem.as_bytes()).expect("pem")).expect("root");
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -670,7 +954,7 @@ mod tests {
         assert!((ca.ca_not_after - not_after).abs() <= 1, "expiry read from the certificate");
         let policy = CertPolicy::default();
         let sans = service_sans(&[service("db", "db", false)], "db", "ns");
-        let (data, _) = issue(&ca, &sans, &policy).expect("issue");
+        let (data, _) = issue(&ca, &sans, &policy, true).expect("issue");
         assert_eq!(data["ca.crt"], ca_cert.pem());
         let mut roots = rustls::RootCertStore::empty();
         roots.add(CertificateDer::from_pem_slice(ca_cert.pem().as_bytes()).expect("pem")).expect("root");
@@ -716,7 +1000,7 @@ mod tests {
         };
         let ca = certs::issue_all(&policy, &["unused".to_string()]).expect("ca");
         let sans = service_sans(&[service("db-headless", "db", true)], "db", "ns");
-        let (data, annotations) = issue(&ca, &sans, &policy).expect("issue");
+        let (data, annotations) = issue(&ca, &sans, &policy, true).expect("issue");
         let mut roots = rustls::RootCertStore::empty();
         roots.add(CertificateDer::from_pem_slice(data["ca.crt"].as_bytes()).expect("ca pem")).expect("root");
         let roots = Arc::new(roots);
@@ -907,5 +1191,117 @@ mod tests {
         stamp_planned(&mut planned(), None, &[named.clone()], &requested, Some(&all)).expect("created");
         stamp_planned(&mut planned(), Some(&existing), &[secret(Some("B"))], &requested, Some(&pending))
             .expect("an existing set is applied");
+    }
+
+    /// A verifier of server certificates for names under `ca_pem`, and one of client
+    /// certificates (a member accepting another).
+    fn verifiers(
+        ca_pem: &str,
+    ) -> (Arc<rustls::client::WebPkiServerVerifier>, Arc<dyn rustls::server::danger::ClientCertVerifier>)
+    {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::CertificateDer;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            roots.add(cert.expect("pem")).expect("root");
+        }
+        let roots = Arc::new(roots);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
+                .build()
+                .expect("verifier");
+        let client = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider)
+            .build()
+            .expect("verifier");
+        (server, client)
+    }
+
+    /// The leaf of a PEM chain.
+    fn leaf(pem: &str) -> rustls::pki_types::CertificateDer<'static> {
+        use rustls::pki_types::pem::PemObject as _;
+        rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("leaf")
+    }
+
+    /// A certificate of one instance's CA is refused by everything that trusts another's, as a
+    /// server and as a member; a `server` certificate serves and is no client certificate, a
+    /// `peer` one is both.
+    #[test]
+    fn an_instance_ca_vouches_for_its_own_certificates_only_and_usages_follow_the_role() {
+        use rustls::client::danger::ServerCertVerifier as _;
+        use rustls::pki_types::{ServerName, UnixTime};
+        let policy = CertPolicy::default();
+        let a = certs::issue_ca_for(&policy, certs::SERVICE_CA_COMMON_NAME, Some("uid-a")).expect("CA a");
+        let b = certs::issue_ca_for(&policy, certs::SERVICE_CA_COMMON_NAME, Some("uid-b")).expect("CA b");
+        let names = |ns: &str| service_sans(&[service("db", "db", false)], "db", ns);
+        let (a_peer, _) = issue(&a, &names("a"), &policy, true).expect("issue");
+        let (b_server, _) = issue(&b, &names("b"), &policy, false).expect("issue");
+        let (b_peer, _) = issue(&b, &names("b"), &policy, true).expect("issue");
+        let (b_servers, b_members) = verifiers(&b.ca_pem);
+        let now = UnixTime::now();
+        let b_name = ServerName::try_from("db.b.svc").expect("name");
+        b_servers
+            .verify_server_cert(&leaf(&b_server["tls.crt"]), &[], &b_name, &[], now)
+            .expect("b serves b");
+        assert!(
+            b_servers.verify_server_cert(&leaf(&a_peer["tls.crt"]), &[], &b_name, &[], now).is_err(),
+            "b's clients accepted a's certificate"
+        );
+        let a_name = ServerName::try_from("db.a.svc").expect("name");
+        assert!(
+            b_servers.verify_server_cert(&leaf(&a_peer["tls.crt"]), &[], &a_name, &[], now).is_err(),
+            "b's CA vouched for a's own name"
+        );
+        assert!(b_members.verify_client_cert(&leaf(&a_peer["tls.crt"]), &[], now).is_err(), "a joined b");
+        b_members.verify_client_cert(&leaf(&b_peer["tls.crt"]), &[], now).expect("a member of b");
+        assert!(
+            b_members.verify_client_cert(&leaf(&b_server["tls.crt"]), &[], now).is_err(),
+            "a server certificate authenticated a client"
+        );
+    }
+
+    /// From the shared CA: trust both (certificate unchanged), then the instance CA's
+    /// certificate under both, then the instance CA alone, each step after its roll; a Secret on
+    /// no CA it knows is issued at once.
+    #[test]
+    fn a_certificate_moves_from_the_shared_ca_one_roll_at_a_time() {
+        let (instance, shared) = ("INSTANCE", "SHARED");
+        let both = format!("{instance}{shared}");
+        assert_eq!(ca_step(shared, None, instance, Some(shared), true), CaStep::TrustBoth);
+        assert_eq!(ca_step(&both, Some(TRUSTING_BOTH), instance, None, false), CaStep::Rolling);
+        assert_eq!(ca_step(&both, Some(TRUSTING_BOTH), instance, None, true), CaStep::IssueUnderBoth);
+        assert_eq!(ca_step(&both, Some(ISSUED_UNDER_BOTH), instance, None, false), CaStep::Rolling);
+        assert_eq!(ca_step(&both, Some(ISSUED_UNDER_BOTH), instance, None, true), CaStep::DropShared);
+        assert_eq!(ca_step(instance, None, instance, Some(shared), true), CaStep::Current);
+        assert_eq!(ca_step("placeholder", None, instance, Some(shared), true), CaStep::Issue);
+        assert_eq!(ca_step(shared, None, instance, None, true), CaStep::Issue, "the shared CA gone");
+    }
+
+    /// A step waits for every StatefulSet mounting the Secret to carry the stamp of what the
+    /// Secrets hold now, observed, with every replica updated and ready.
+    #[test]
+    fn a_roll_is_done_when_every_mounting_set_runs_the_current_certificates() {
+        let certificates = BTreeMap::from([("db-tls".to_string(), "NOW".to_string())]);
+        let set = |stamp_of: &str, status: Value| {
+            let mut sts = json!({"kind": "StatefulSet", "metadata": {"generation": 2},
+                "spec": {"replicas": 3, "template": {"spec": {"volumes": [{"name": "tls", "secret": {"secretName": "db-tls"}}]}}},
+                "status": status});
+            stamp_pod_template(&mut sts, &BTreeMap::from([("db-tls".to_string(), stamp_of.to_string())]));
+            sts
+        };
+        let done = json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3, "readyReplicas": 3});
+        assert!(rolled_out("db-tls", &certificates, &[set("NOW", done.clone())]));
+        assert!(!rolled_out("db-tls", &certificates, &[set("BEFORE", done.clone())]), "not stamped yet");
+        let mut unseen = done.clone();
+        unseen["observedGeneration"] = json!(1);
+        assert!(!rolled_out("db-tls", &certificates, &[set("NOW", unseen)]), "stamp not observed");
+        let mut mid = done.clone();
+        mid["updatedReplicas"] = json!(2);
+        assert!(!rolled_out("db-tls", &certificates, &[set("NOW", mid)]), "one pod left");
+        let mut unready = done;
+        unready["readyReplicas"] = json!(2);
+        assert!(!rolled_out("db-tls", &certificates, &[set("NOW", unready)]), "one pod not ready");
+        let other = json!({"kind": "StatefulSet", "spec": {"template": {"spec": {"volumes": []}}}});
+        assert!(rolled_out("db-tls", &certificates, &[other]), "mounts nothing of it");
     }
 }

@@ -20,10 +20,6 @@ const ROOT_ISSUER: &str = "stateward-selfsigned";
 /// The webhook's CA Certificate, and the Secret where cert-manager keeps that CA.
 pub const CA_CERTIFICATE: &str = "stateward-webhook-ca";
 const CA_ISSUER: &str = "stateward-webhook-ca";
-/// The service CA Certificate and its Secret: a second root from the self-signed issuer, read
-/// by the certificate keeper (controller/service_certs.rs) to issue the managed clusters'
-/// certificates, so none of them chains to the webhook's CA.
-pub const SERVICE_CA_CERTIFICATE: &str = "stateward-service-ca";
 
 fn go_duration(d: std::time::Duration) -> String {
     format!("{}s", d.as_secs().max(1))
@@ -48,15 +44,6 @@ pub fn render(namespace: &str, secret: &str, names: &[String], policy: &CertPoli
             },
         }),
         json!({ "apiVersion": "cert-manager.io/v1", "kind": "Issuer", "metadata": meta(CA_ISSUER), "spec": { "ca": { "secretName": CA_CERTIFICATE } } }),
-        json!({
-            "apiVersion": "cert-manager.io/v1", "kind": "Certificate", "metadata": meta(SERVICE_CA_CERTIFICATE),
-            "spec": {
-                "isCA": true, "commonName": super::certs::SERVICE_CA_COMMON_NAME, "secretName": SERVICE_CA_CERTIFICATE,
-                "duration": go_duration(policy.ca_lifetime),
-                "privateKey": { "algorithm": "ECDSA", "size": 256 },
-                "issuerRef": { "name": ROOT_ISSUER, "kind": "Issuer", "group": "cert-manager.io" },
-            },
-        }),
         json!({
             "apiVersion": "cert-manager.io/v1", "kind": "Certificate", "metadata": meta(CERTIFICATE),
             "spec": {
@@ -116,12 +103,9 @@ mod tests {
         let objs =
             render("ops", "hook-tls", &["127.0.0.1".into(), "stateward-webhook.ops.svc".into()], &policy);
         let kinds: Vec<&str> = objs.iter().filter_map(|o| o["kind"].as_str()).collect();
-        assert_eq!(kinds, ["Issuer", "Certificate", "Issuer", "Certificate", "Certificate"]);
-        let serving = &objs[4];
-        let service_ca = &objs[3];
-        assert_eq!(service_ca["spec"]["isCA"], true);
-        assert_eq!(service_ca["spec"]["issuerRef"]["name"], objs[0]["metadata"]["name"], "a root of its own");
-        assert_ne!(service_ca["spec"]["secretName"], objs[1]["spec"]["secretName"]);
+        // The webhook's chain only: the managed clusters' CAs are per instance, the keeper's.
+        assert_eq!(kinds, ["Issuer", "Certificate", "Issuer", "Certificate"]);
+        let serving = &objs[3];
         assert_eq!(serving["spec"]["secretName"], "hook-tls");
         assert_eq!(serving["spec"]["dnsNames"], serde_json::json!(["stateward-webhook.ops.svc"]));
         assert_eq!(serving["spec"]["ipAddresses"], serde_json::json!(["127.0.0.1"]));

@@ -82,10 +82,17 @@ pub struct Material {
     pub generation: u64,
 }
 
-fn ca_params(common_name: &str, not_after: OffsetDateTime) -> Result<CertificateParams, rcgen::Error> {
+fn ca_params(
+    common_name: &str,
+    unit: Option<&str>,
+    not_after: OffsetDateTime,
+) -> Result<CertificateParams, rcgen::Error> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.distinguished_name.push(DnType::CommonName, common_name);
     params.distinguished_name.push(DnType::OrganizationName, "stateward");
+    if let Some(unit) = unit {
+        params.distinguished_name.push(DnType::OrganizationalUnitName, unit);
+    }
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages =
         vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
@@ -111,10 +118,23 @@ pub fn issue_all(policy: &CertPolicy, sans: &[String]) -> Result<Material, Webho
 
 /// A fresh CA alone (no serving certificate), named `common_name`.
 pub fn issue_ca(policy: &CertPolicy, common_name: &str) -> Result<Material, WebhookError> {
+    issue_ca_for(policy, common_name, None)
+}
+
+/// A fresh CA alone, named `common_name` within the organisational unit `unit` when given: CAs
+/// trusted side by side need subjects of their own, since clients look a certificate's issuer
+/// up by name.
+pub fn issue_ca_for(
+    policy: &CertPolicy,
+    common_name: &str,
+    unit: Option<&str>,
+) -> Result<Material, WebhookError> {
     let ca_key = KeyPair::generate().map_err(cert_err)?;
     let ca_not_after = after(policy.ca_lifetime);
-    let ca_cert =
-        ca_params(common_name, ca_not_after).map_err(cert_err)?.self_signed(&ca_key).map_err(cert_err)?;
+    let ca_cert = ca_params(common_name, unit, ca_not_after)
+        .map_err(cert_err)?
+        .self_signed(&ca_key)
+        .map_err(cert_err)?;
     Ok(Material {
         ca_pem: ca_cert.pem(),
         ca_key_pem: ca_key.serialize_pem(),

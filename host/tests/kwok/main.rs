@@ -26,6 +26,7 @@ mod outage;
 mod policy_live;
 mod rbac;
 mod reload_guard;
+mod service_ca;
 mod tracing_jaeger;
 mod upgrade;
 mod volume_growth;

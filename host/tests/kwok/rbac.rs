@@ -286,8 +286,8 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     // The webhook's own permissions are in deploy/webhook/{clusterrole,role}.yaml (and
     // deploy/webhook/cert-manager/ for --cert-manager); the service certificates
     // (controller/service_certs.rs) use the child permissions above (the caches' list/watch,
-    // patch of Secrets and StatefulSets) and the webhook Role's get/create/update of the
-    // service CA Secret.
+    // create and patch of Secrets, patch of StatefulSets) and the webhook Role's get of the
+    // shared service CA of earlier releases.
     // Admission on CREATE: is the name taken by another kind (list of the custom resources).
     ("webhook/admission.rs", ".list_metadata(", 1),
     ("webhook/admission.rs", "Api::namespaced", 1),
@@ -306,14 +306,16 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     // Reads the webhook Secret (readiness of the certificate).
     ("webhook/mod.rs", ".get_opt(", 1),
     ("webhook/mod.rs", "Api::namespaced", 1),
-    // CertificateKeeper (a controller, fed by the child caches above): service CA Secret get,
-    // create the first time, replace on renewal (CAS); certificate Secrets merge-patched (the
-    // controller stamps the StatefulSets as it applies them).
+    // CertificateKeeper (a controller, fed by the child caches above): an instance's CA Secret
+    // created the first time and merge-patched on renewal (CAS), the shared CA of earlier
+    // releases read (get), certificate Secrets merge-patched (the controller stamps the
+    // StatefulSets as it applies them). Not an API call: JSON-pointer escaping of an
+    // annotation's name.
     ("controller/service_certs.rs", ".get_opt(", 1),
     ("controller/service_certs.rs", ".create(", 1),
     ("controller/service_certs.rs", ".replace(", 1),
-    ("controller/service_certs.rs", ".patch(", 1),
-    ("controller/service_certs.rs", "Api::namespaced", 2),
+    ("controller/service_certs.rs", ".patch(", 2),
+    ("controller/service_certs.rs", "Api::namespaced", 3),
     // Lease create / replace (acquire, renew, release) / get_opt (twice).
     ("leader.rs", ".create(", 1),
     ("leader.rs", ".replace(", 2),

@@ -637,77 +637,45 @@ async fn cert_manager_mode_renders_its_certificates_and_serves_what_cert_manager
     ensure!(*annotation == format!("{}/stateward-webhook", env.namespace), "inject-ca-from {annotation}");
     wait_webhook_ready(&env, &mut op).await?;
 
-    // The managed clusters' certificates come from the service CA cert-manager keeps for the
-    // operator (Secret stateward-service-ca, the CA's own certificate and key, issued from the
-    // self-signed root), not from the webhook's CA, with its own subject.
-    let (service_ca, _) = e2e::wait_for("the service CA Certificate", Duration::from_secs(30), || async {
-        let found = certs.get_opt("stateward-service-ca").await.map_err(|e| e.to_string())?;
-        found.map(|c| serde_json::to_value(c).unwrap_or_default()).ok_or_else(|| "not yet".to_string())
-    })
-    .await;
-    ensure!(service_ca["spec"]["isCA"] == json!(true), "service CA {}", service_ca["spec"]);
-    ensure!(service_ca["spec"]["secretName"] == "stateward-service-ca", "service CA {}", service_ca["spec"]);
+    // The managed clusters' certificates come from their instance's own CA, in cert-manager
+    // mode too: cert-manager keeps the webhook's chain only, and no shared service CA.
     ensure!(
-        service_ca["spec"]["issuerRef"]["name"] == "stateward-selfsigned",
-        "the service CA is not a root of its own: {}",
-        service_ca["spec"]
+        certs.get_opt("stateward-service-ca").await?.is_none(),
+        "a shared service CA Certificate was rendered"
     );
-    let ca_key = rcgen::KeyPair::generate()?;
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "stateward-service-ca");
-    ca_params.distinguished_name.push(rcgen::DnType::OrganizationName, "cert-manager test");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key)?;
-    let ca_secret: Secret = serde_json::from_value(json!({
-        "metadata": { "name": "stateward-service-ca" },
-        "type": "kubernetes.io/tls",
-        "stringData": { "tls.crt": ca.pem(), "tls.key": ca_key.serialize_pem(), "ca.crt": ca.pem() },
-    }))?;
     let secrets: Api<Secret> = env.api();
-    secrets
-        .patch(
-            "stateward-service-ca",
-            &kube::api::PatchParams::apply("cert-manager").force(),
-            &kube::api::Patch::Apply(&ca_secret),
-        )
-        .await?;
     e2e::apply(&env, &env.namespace, &POSTGRES.manifest("tlsdb", 1, "Retain"));
     let host = format!("tlsdb-rw.{}.svc", env.namespace);
-    let (_, took) =
-        e2e::wait_for("tlsdb-tls issued by cert-manager's service CA", Duration::from_secs(60), || async {
-            let secret =
-                secrets.get_opt("tlsdb-tls").await.map_err(|e| e.to_string())?.ok_or("no Secret yet")?;
-            let text = |k: &str| {
-                secret
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get(k))
-                    .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-                    .unwrap_or_default()
+    let ((ca, _), took) =
+        e2e::wait_for("tlsdb-tls issued by its instance's CA", Duration::from_secs(60), || async {
+            let get = |name: &'static str| {
+                let secrets = secrets.clone();
+                async move {
+                    secrets.get_opt(name).await.map_err(|e| e.to_string())?.ok_or(format!("no {name} yet"))
+                }
             };
-            let leaf = text("tls.crt");
-            let (verifies, same_ca) = (verifies_for(&leaf, &ca.pem(), &host), text("ca.crt") == ca.pem());
+            let (secret, ca) = (get("tlsdb-tls").await?, get("tlsdb-service-ca").await?);
+            let (leaf, ca) = (secret_text(&secret, "tls.crt"), secret_text(&ca, "ca.crt"));
+            let verifies = verifies_for(&leaf, &ca, &host);
+            let same_ca = secret_text(&secret, "ca.crt") == ca;
             (verifies && same_ca)
-                .then_some(leaf)
+                .then_some((ca, leaf))
                 .ok_or_else(|| format!("verifies for {host}: {verifies}, ca.crt is the CA: {same_ca}"))
         })
         .await;
-    eprintln!("cert-manager CA: service certificate issued {took:.1?} after create");
-    // Stamped from the certificate the Secret holds now: the first one seen may be issued
-    // again a moment later, once every Service of the instance is cached and named in it.
+    eprintln!("cert-manager mode: service certificate issued {took:.1?} after create");
+    let webhook_ca = decode(&vwc["webhooks"][0]["clientConfig"]["caBundle"]);
+    ensure!(!webhook_ca.contains(ca.trim()), "the instance CA is cert-manager's webhook CA");
+    // Stamped from what the Secret holds now: the first one seen may be issued again a moment
+    // later, once every Service of the instance is cached and named in it.
     let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> = env.api();
     e2e::wait_for("the StatefulSet stamped", Duration::from_secs(30), || async {
         let secret = secrets.get("tlsdb-tls").await.map_err(|e| e.to_string())?;
-        let leaf = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get("tls.crt"))
-            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-            .unwrap_or_default();
-        if !verifies_for(&leaf, &ca.pem(), &host) {
+        let leaf = secret_text(&secret, "tls.crt");
+        if !verifies_for(&leaf, &ca, &host) {
             return Err(format!("the certificate now in tlsdb-tls does not verify for {host}"));
         }
-        let stamp = expected_stamp("tlsdb-tls", &leaf);
+        let stamp = expected_stamp("tlsdb-tls", &leaf, &secret_text(&secret, "ca.crt"));
         let sts = serde_json::to_value(sets.get("tlsdb").await.map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
         let got = sts["spec"]["template"]["metadata"]["annotations"]["stateward.dev/certificates-sha256"]
@@ -721,7 +689,7 @@ async fn cert_manager_mode_renders_its_certificates_and_serves_what_cert_manager
 }
 
 /// Verifies `leaf_pem` against `ca_pem` for `name`, as a client of the managed service would.
-fn verifies_for(leaf_pem: &str, ca_pem: &str, name: &str) -> bool {
+pub(crate) fn verifies_for(leaf_pem: &str, ca_pem: &str, name: &str) -> bool {
     use rustls::client::danger::ServerCertVerifier as _;
     use rustls::pki_types::pem::PemObject as _;
     use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -746,12 +714,13 @@ fn verifies_for(leaf_pem: &str, ca_pem: &str, name: &str) -> bool {
 }
 
 /// The value the operator stamps on a pod template that mounts one certificate Secret
-/// (`stateward.dev/certificates-sha256`), computed here independently.
-fn expected_stamp(secret_name: &str, cert_pem: &str) -> String {
+/// (`stateward.dev/certificates-sha256`: over the certificate and the CAs the pods trust),
+/// computed here independently.
+pub(crate) fn expected_stamp(secret_name: &str, cert_pem: &str, ca_pem: &str) -> String {
     let mut h = Sha256::new();
     h.update(secret_name.as_bytes());
     h.update([0]);
-    h.update(Sha256::digest(cert_pem.as_bytes()));
+    h.update(Sha256::digest(format!("{cert_pem}{ca_pem}").as_bytes()));
     hex::encode(h.finalize())
 }
 
@@ -803,12 +772,13 @@ async fn wait_stamped_and_rolled(
         "the certificate stamped and rolled out"
     };
     let ((crt, stamp, generation), took) = e2e::wait_for(what, Duration::from_secs(120), || async {
-        let crt = secret_text(&secrets.get(tls).await.map_err(|e| e.to_string())?, "tls.crt");
+        let secret = secrets.get(tls).await.map_err(|e| e.to_string())?;
+        let (crt, ca) = (secret_text(&secret, "tls.crt"), secret_text(&secret, "ca.crt"));
         if crt.is_empty() || Some(crt.as_str()) == not {
             return Err("no new certificate yet".to_string());
         }
         let sts = sets.get(name).await.map_err(|e| e.to_string())?;
-        let want = expected_stamp(tls, &crt);
+        let want = expected_stamp(tls, &crt, &ca);
         match cert_annotation(&sts) {
             Some(a) if a == want && rolled_out(&sts) => {
                 Ok((crt, a, sts.metadata.generation.unwrap_or_default()))
@@ -960,8 +930,8 @@ async fn service_certificate_is_issued_renewed_and_rolls_pods_one_at_a_time() ->
     // rolled out (the first stamp rolls the pods too). Then watch the pods from a quiet
     // moment on: the stamp still matches the Secret and all 3 are Ready in the watch's view.
     let webhook_ca = secret_text(&secrets.get("stateward-webhook-tls").await?, "ca.crt");
-    let service_ca = secret_text(&secrets.get("stateward-service-ca").await?, "ca.crt");
-    ensure!(service_ca != webhook_ca, "the service CA is the webhook's");
+    let service_ca = secret_text(&secrets.get(&format!("{name}-service-ca")).await?, "ca.crt");
+    ensure!(service_ca != webhook_ca, "the instance's CA is the webhook's");
     let (first, floor, set_timeline, first_took) = loop {
         let (crt, stamp, generation, _) = wait_stamped_and_rolled(&secrets, &sets, name, &tls, None).await;
         let took = started.elapsed();
@@ -986,7 +956,7 @@ async fn service_certificate_is_issued_renewed_and_rolls_pods_one_at_a_time() ->
     };
     eprintln!("service certificate issued, stamped and rolled out {first_took:.1?} after create");
     let secret = secrets.get(&tls).await?;
-    ensure!(secret_text(&secret, "ca.crt") == service_ca, "{tls} not issued by the operator's service CA");
+    ensure!(secret_text(&secret, "ca.crt") == service_ca, "{tls} not issued by its instance's CA");
     ensure!(verifies_for(&first, &service_ca, &pod_name), "not valid for {pod_name}");
     for client in &clients {
         ensure!(
@@ -1034,7 +1004,7 @@ async fn service_certificate_is_issued_renewed_and_rolls_pods_one_at_a_time() ->
         ensure!(revisions.len() == 1, "replacement pods at more than one revision: {revisions:?}");
         let stamps = set_timeline.stamps();
         ensure!(
-            stamps == [expected_stamp(&tls, &first), expected_stamp(&tls, &second)],
+            stamps == [expected_stamp(&tls, &first, &service_ca), expected_stamp(&tls, &second, &service_ca)],
             "the pod template was not stamped exactly once for the renewal: {stamps:?}"
         );
         Ok(())
@@ -1052,7 +1022,7 @@ async fn service_certificate_is_issued_renewed_and_rolls_pods_one_at_a_time() ->
     e2e::wait_running(&env, POSTGRES, name, 3, Duration::from_secs(60)).await;
     let sts = sets.get(name).await?;
     ensure!(
-        cert_annotation(&sts).is_some_and(|a| a != expected_stamp(&tls, &first)),
+        cert_annotation(&sts).is_some_and(|a| a != expected_stamp(&tls, &first, &service_ca)),
         "the stamp went back to the first certificate"
     );
     Ok(())

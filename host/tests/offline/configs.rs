@@ -10,13 +10,13 @@
 
 use crate::support;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use stateward::render::{parse_documents, render};
 use stateward::runtime::{Action, Registry};
+use stateward_testkit::servers::{as_postgres, free_port, is_root, postgres_bin, Server};
 use support::{load, sandbox, workspace_root};
 
 /// The objects the sample of `plugin` renders to (through the Wasm component).
@@ -58,53 +58,11 @@ fn config_map_into(objects: &[serde_json::Value], dir: &Path) -> serde_json::Val
     of_kind(objects, "StatefulSet")["spec"]["template"]["spec"]["containers"][0].clone()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("stateward-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0\n")).unwrap_or(false)
-}
-
-/// PostgreSQL refuses to run as root: in CI (root) run it as the package's `postgres` user.
-fn as_postgres(program: &Path) -> Command {
-    if is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
-    }
-}
-
-fn postgres_bin(name: &str) -> PathBuf {
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("bin").join(name))
-        .filter(|p| p.is_file())
-        .collect();
-    found.sort();
-    found.pop().unwrap_or_else(|| {
-        panic!("PostgreSQL's {name} not found under /usr/lib/postgresql: run scripts/setup")
-    })
 }
 
 /// Where the pods mount the server certificate the host issues (the sdk's TLS_DIR).

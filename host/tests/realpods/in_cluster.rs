@@ -917,15 +917,10 @@ async fn the_data_stays(
     );
 }
 
-/// The service CA Secret saved the way the README's uninstall says: what the API server keeps
-/// for itself (uid, resourceVersion, creationTimestamp, managedFields) taken out.
-fn saved_service_ca(env: &TestEnv) -> Value {
-    let mut ca = kubectl_json(env, &["-n", NS, "get", "secret", "stateward-service-ca"]);
-    let meta = ca["metadata"].as_object_mut().expect("metadata");
-    for key in ["uid", "resourceVersion", "creationTimestamp", "managedFields"] {
-        meta.remove(key);
-    }
-    ca
+/// The sample's own CA Secret, beside its other children in its namespace (an uninstall of the
+/// operator leaves it there).
+fn instance_ca(env: &TestEnv, sample: &str) -> Value {
+    kubectl_json(env, &["-n", &env.namespace, "get", "secret", &format!("{sample}-service-ca")])
 }
 
 /// What the sample's pods are made from: the StatefulSet's update revision (the pod template,
@@ -943,10 +938,10 @@ fn template_and_certificates(env: &TestEnv, sample: &str, instance: &str) -> (Va
     (sts["status"]["updateRevision"].clone(), json!(certificates))
 }
 
-/// The README's reinstall keeping the service CA (its Secret applied before the rest): the
-/// operator issues no new CA, so the managed cluster's certificates and pod template stay and
-/// its pods do not roll, once the new operator has applied the cluster's StatefulSet again.
-async fn reinstall_keeps_the_service_ca(
+/// The README's reinstall: the instance's CA stayed with the instance, so the operator issues no
+/// new CA, the managed cluster's certificates and pod template stay and its pods do not roll,
+/// once the new operator has applied the cluster's StatefulSet again.
+async fn reinstall_keeps_the_instance_ca(
     env: &TestEnv,
     sample: &str,
     instance: &str,
@@ -960,8 +955,6 @@ async fn reinstall_keeps_the_service_ca(
     // The namespace and the audit signing key first (README), as for the first install.
     make_audit_signing_secret(env);
     kubectl(env, &["apply", "-f", &root.join("deploy/operator/namespace.yaml").to_string_lossy()]);
-    let out = e2e::kubectl_stdin(env, &["apply", "-f", "-"], &ca.to_string());
-    assert!(out.status.success(), "applying the saved service CA: {}", out_text(&out));
     kubectl(env, &["apply", "--server-side", "-k", &root.join(OVERLAY).to_string_lossy()]);
     operator_ready(env, "after the reinstall", Duration::from_secs(240)).await;
     // The new operator's reconciles of the sample: its finalizer back (the uninstall left the
@@ -980,8 +973,8 @@ async fn reinstall_keeps_the_service_ca(
             }
         })
         .await;
-    let kept = kubectl_json(env, &["-n", NS, "get", "secret", "stateward-service-ca"]);
-    assert_eq!(kept["data"], ca["data"], "the reinstalled operator made a new service CA");
+    let kept = instance_ca(env, sample);
+    assert_eq!(kept["data"], ca["data"], "the reinstalled operator made a new instance CA");
     // A few reconciles more: a certificate issued again would show in them.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let user = format!("system:serviceaccount:{NS}:stateward");
@@ -999,7 +992,7 @@ async fn reinstall_keeps_the_service_ca(
     );
     assert_eq!(members(env, instance), pods_before, "the reinstall restarted the cluster's pods");
     eprintln!(
-        "in_cluster: reinstalled with the saved service CA; the operator reconciled {sample} {reconciled:.1?} \
+        "in_cluster: reinstalled; the operator reconciled {sample} {reconciled:.1?} \
          after it was Ready ({:.1?} after the reinstall began): same CA, certificates, pod template revision and pods; its \
          writes in the cluster's namespace: {:?}",
         started.elapsed(),
@@ -1072,12 +1065,12 @@ async fn kustomize_install_serves_admission_conversion_and_the_postgres_sample()
     let before = members(&env, &instance);
     assert_eq!(before.len() as u64, replicas, "members before the uninstall: {before:?}");
     let made_from = template_and_certificates(&env, sample, &instance);
-    let ca = saved_service_ca(&env);
+    let ca = instance_ca(&env, sample);
     let started = Instant::now();
     uninstall(&env).unwrap_or_else(|e| panic!("uninstall: {e}"));
     the_data_stays(&env, sample, &instance, &before, started.elapsed()).await;
-    // Installed again with the CA kept (README): nothing of the cluster changes.
-    reinstall_keeps_the_service_ca(&env, sample, &instance, &ca, &before, &made_from).await;
+    // Installed again (README): nothing of the cluster changes.
+    reinstall_keeps_the_instance_ca(&env, sample, &instance, &ca, &before, &made_from).await;
 }
 
 /// The API server's audit log of the real-pods cluster (tests/cluster/up: every request of a

@@ -148,8 +148,8 @@ pub const UNUSED_BECAUSE: &[(&str, &str, &str, &str)] = &[
         "update",
         "",
         "secrets",
-        "renewing the webhook's or the service CA's certificate (a compare-and-swap): live::webhooks \
-         renews them; an install only makes them",
+        "renewing the webhook's certificate (a compare-and-swap): live::webhooks renews it; an install \
+         only makes it",
     ),
     (
         "update",

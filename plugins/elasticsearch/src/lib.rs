@@ -47,6 +47,9 @@ impl Blueprint for Elasticsearch {
     const SECRET_DERIVED: &'static [(&'static str, &'static str)] = &[("username", "elastic")];
     const PARAMETERS: &'static [ParamRule] = config::PARAMETERS;
     const FORBIDDEN: &'static [&'static str] = config::FORBIDDEN;
+    /// Nodes present their certificate to each other on the transport layer.
+    const CERTIFICATE_ROLE: stateward_sdk::builders::CertificateRole =
+        stateward_sdk::builders::CertificateRole::Peer;
     const NO_PRIMARY: Option<&'static str> = Some(
         "an Elasticsearch cluster has no primary to switch over to: its master is elected among the \
          master-eligible nodes, and every data node serves writes for the shards it holds",

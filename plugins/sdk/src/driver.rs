@@ -89,6 +89,10 @@ pub trait Blueprint {
     /// `stateward.dev/switchover-to` annotation is then refused with this reason.
     const NO_PRIMARY: Option<&'static str> = None;
 
+    /// What the members do with their certificate: serve clients only, unless they also
+    /// authenticate to each other with it.
+    const CERTIFICATE_ROLE: crate::builders::CertificateRole = crate::builders::CertificateRole::Server;
+
     /// The image for the spec (its version, and whatever else picks the image) when
     /// `spec.image` is not set.
     fn default_image(spec: &crate::spec::ClusterSpec) -> String;
@@ -361,7 +365,7 @@ pub fn desired<B: Blueprint>(
     let files: Vec<(&str, &str)> = files.iter().map(|(name, text)| (*name, text.as_str())).collect();
     let mut actions = vec![
         Action::EnsureSecret(objects::credentials(ctx, B::SECRET_KEYS, B::SECRET_DERIVED)),
-        Action::EnsureSecret(objects::server_certificate(ctx)),
+        Action::EnsureSecret(objects::server_certificate(ctx, B::CERTIFICATE_ROLE)),
     ];
     actions.extend(B::extra_secrets(ctx).into_iter().map(Action::EnsureSecret));
     actions.extend([

@@ -34,6 +34,7 @@ pub mod components;
 pub mod gate;
 pub mod real;
 pub mod report;
+pub mod servers;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -29,9 +29,30 @@ pub const TLS_DIR: &str = "/etc/stateward-tls";
 /// Label naming the member set of a pod (and its StatefulSet's selector) when a cluster has
 /// more than one kind of member; absent for a cluster's only set.
 pub const SET_LABEL: &str = "stateward.dev/member-set";
-/// Label of an `ensure-secret` that asks the host for a server certificate from its CA
-/// (value `server`); the host issues it, renews it and rolls the pods that mount it.
+/// Label of an `ensure-secret` that asks the host for a certificate from the instance's own CA;
+/// the host issues it, renews it and rolls the pods that mount it. Its value is the
+/// certificate's role ([`CertificateRole`]).
 pub const CERTIFICATE_LABEL: &str = "stateward.dev/certificate";
+
+/// What the members do with their certificate, and so the usages it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertificateRole {
+    /// They serve clients with it (`server`: server authentication only).
+    Server,
+    /// They also present it to each other as clients, as Elasticsearch's transport layer does
+    /// (`peer`: server and client authentication).
+    Peer,
+}
+
+impl CertificateRole {
+    /// The [`CERTIFICATE_LABEL`] value.
+    pub fn label_value(self) -> &'static str {
+        match self {
+            CertificateRole::Server => "server",
+            CertificateRole::Peer => "peer",
+        }
+    }
+}
 
 /// Naming and labelling for one cluster of one service.
 #[derive(Debug, Clone, Copy)]

@@ -85,11 +85,12 @@ pub fn pod_disruption_budget(ctx: &Ctx) -> Value {
     })
 }
 
-/// The server certificate Secret: the host issues it from its CA for the instance's Services
-/// (until it does, the keys hold placeholders) and renews it before it expires.
-pub fn server_certificate(ctx: &Ctx) -> SecretRequest {
+/// The members' certificate Secret: the host issues it from the instance's CA for the
+/// instance's Services (until it does, the keys hold placeholders), with the usages of `role`,
+/// and renews it before it expires.
+pub fn server_certificate(ctx: &Ctx, role: super::CertificateRole) -> SecretRequest {
     let mut labels = ctx.label_pairs();
-    labels.push((super::CERTIFICATE_LABEL.to_string(), "server".to_string()));
+    labels.push((super::CERTIFICATE_LABEL.to_string(), role.label_value().to_string()));
     SecretRequest {
         name: ctx.tls_secret(),
         keys: ["tls.crt", "tls.key", "ca.crt"].iter().map(|k| ((*k).to_string(), 32)).collect(),
