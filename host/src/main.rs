@@ -203,6 +203,10 @@ struct RunArgs {
     /// digest in its annotation). Part of the policy floor, like --policy-dir.
     #[arg(long = "pin-plugin", value_name = "NAME=DIGEST")]
     pin_plugin: Vec<String>,
+    /// The SHA-256 the policy directory's data.json must have (the Helm chart pins the document
+    /// it installs): on any other the operator does not start.
+    #[arg(long, value_name = "HEX")]
+    policy_data_sha256: Option<String>,
     #[command(flatten)]
     sandbox: SandboxArgs,
     #[command(flatten)]
@@ -426,6 +430,9 @@ fn exit(ok: bool) -> ExitCode {
 
 fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
     use stateward::policy::AuditSink;
+    if let Some(pinned) = &args.policy_data_sha256 {
+        stateward::policy::floor::check_data_pin(&args.policy_dir, pinned).map_err(anyhow::Error::msg)?;
+    }
     let sandbox = args.sandbox.sandbox()?;
     let registry = Registry::load_dir(&sandbox, &args.sandbox.plugin_dir)
         .with_context(|| format!("loading plugins from {}", args.sandbox.plugin_dir.display()))?;

@@ -130,8 +130,30 @@ pub fn profile(require_pins: bool, pins: &[String]) -> Result<Option<BundleFile>
     Ok(Some(BundleFile { name: PROFILE_FILE.into(), contents: doc.to_string() }))
 }
 
+/// The floor's data document (`data.json` of the policy directory) is the one the pod spec pins
+/// (`--policy-data-sha256`, which the Helm chart sets from the document it installs), so a
+/// ConfigMap deleted and made again with other data between installs never becomes the floor
+/// of a starting pod: the operator refuses to start instead, naming both digests.
+pub fn check_data_pin(dir: &std::path::Path, pinned: &str) -> Result<(), String> {
+    let path = dir.join("data.json");
+    let bytes = std::fs::read(&path).map_err(|e| {
+        format!("--policy-data-sha256 pins the floor's data, but {} cannot be read: {e}", path.display())
+    })?;
+    let actual = hex::encode(Sha256::digest(&bytes));
+    let pinned = pinned.trim().trim_start_matches("sha256:").to_ascii_lowercase();
+    if actual == pinned {
+        Ok(())
+    } else {
+        Err(format!(
+            "the policy floor's data ({}) has sha256 {actual}, the pod spec pins {pinned} (--policy-data-sha256): \
+             not starting on a floor other than the one installed",
+            path.display()
+        ))
+    }
+}
+
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use crate::policy::bundle::Bundle;
@@ -214,5 +236,21 @@ mod tests {
         for bad in ["redis", "redis=sha256:abc", &no_name] {
             assert!(profile(false, &[bad.to_string()]).unwrap_err().contains("--pin-plugin"), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_floor_whose_data_is_not_the_pinned_document_is_refused() {
+        let dir = std::env::temp_dir().join(format!("stateward-floor-pin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("data.json"), b"{\"allowed_registries\": []}\n").expect("write");
+        let digest = hex::encode(Sha256::digest(b"{\"allowed_registries\": []}\n"));
+        assert_eq!(check_data_pin(&dir, &digest), Ok(()));
+        assert_eq!(check_data_pin(&dir, &format!("sha256:{}", digest.to_uppercase())), Ok(()));
+        let err = check_data_pin(&dir, &"0".repeat(64)).expect_err("another document");
+        assert!(err.contains(&digest) && err.contains("--policy-data-sha256"), "{err}");
+        std::fs::remove_file(dir.join("data.json")).expect("remove");
+        let err = check_data_pin(&dir, &digest).expect_err("no document");
+        assert!(err.contains("cannot be read"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,7 +1,8 @@
 //! The shipped ValidatingAdmissionPolicy (deploy/operator/reload-configmaps-policy.yaml)
 //! against the local cluster's real kube-apiserver: the operator's ServiceAccount (here by
 //! impersonation, with RBAC that would let it) may not create, change or delete a ConfigMap
-//! carrying the hot-reload labels in its namespace; any other ConfigMap it may write.
+//! carrying the hot-reload labels, or the policy floor's, in its namespace; any other
+//! ConfigMap it may write.
 //!
 //! The policy is cluster-scoped and applied as shipped; it only concerns a ServiceAccount
 //! named `stateward` writing in its own namespace, so it changes nothing for other tests.
@@ -103,6 +104,30 @@ async fn the_operator_account_cannot_write_its_own_plugin_and_policy_configmaps(
     );
     refused(&as_operator(&env, &["delete", "configmap", "policy"], None), "deleting a policy ConfigMap");
 
+    // The policy floor's data ([hardening-2] item 4): as the chart installs it (immutable,
+    // named after its content), an administrator's. The operator can neither delete it nor
+    // make one again under its name (with other data), nor label another one as the floor.
+    let floor = json!({"apiVersion": "v1", "kind": "ConfigMap", "immutable": true,
+        "metadata": {"name": "stateward-policy-data-1234", "labels": {"app.kubernetes.io/component": "policy-floor"}},
+        "data": {"data.json": "{}"}})
+    .to_string();
+    let out = kubectl_stdin(&env, &["create", "-n", &env.namespace, "-f", "-"], &floor);
+    assert!(out.status.success(), "{}", stderr(&out));
+    refused(
+        &as_operator(&env, &["delete", "configmap", "stateward-policy-data-1234"], None),
+        "deleting the floor's ConfigMap",
+    );
+    let out = env
+        .kubectl()
+        .args(["delete", "configmap", "stateward-policy-data-1234", "-n", &env.namespace])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let forged = floor.replace(r#""data.json":"{}""#, r#""data.json":"{\"allowed_registries\":[\"\"]}""#);
+    assert_ne!(forged, floor);
+    refused(&as_operator(&env, &["create", "-f", "-"], Some(&forged)), "re-creating the floor's ConfigMap");
+    let relabel = r#"{"metadata":{"labels":{"app.kubernetes.io/component":"policy-floor"}}}"#;
+
     // Any other ConfigMap: created, changed and deleted as before; labelling one is refused.
     let other = configmap("topology", json!({"app": "x"}));
     let out = as_operator(&env, &["create", "-f", "-"], Some(&other));
@@ -113,6 +138,10 @@ async fn the_operator_account_cannot_write_its_own_plugin_and_policy_configmaps(
     refused(
         &as_operator(&env, &["patch", "configmap", "topology", "--type=merge", "-p", label], None),
         "labelling a ConfigMap for hot reload",
+    );
+    refused(
+        &as_operator(&env, &["patch", "configmap", "topology", "--type=merge", "-p", relabel], None),
+        "labelling a ConfigMap as the policy floor",
     );
     let out = as_operator(&env, &["delete", "configmap", "topology"], None);
     assert!(out.status.success(), "{}", stderr(&out));

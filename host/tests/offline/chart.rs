@@ -235,6 +235,18 @@ fn the_chart_lints_and_installs_what_kustomize_installs_for_each_scope() {
     );
     assert!(out.status.success(), "{}", text(&out));
     let charted = without_helm_marks(objects(&String::from_utf8(out.stdout).unwrap()));
+    // The pod starts only on the floor data it was installed with: its digest is in the spec.
+    let pinned = format!(
+        "--policy-data-sha256={}",
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(std::fs::read(&data).unwrap()))
+    );
+    let container =
+        &charted["Deployment stateward-system/stateward"]["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        args_of(container).contains(&pinned),
+        "the floor's digest is not pinned: {:?}",
+        args_of(container)
+    );
     let mut kustomized = objects(&kustomize(&["tests/cluster/operator-overlay"]));
     kustomized.remove("Namespace /stateward-system");
     assert_eq!(kustomized.keys().collect::<Vec<_>>(), charted.keys().collect::<Vec<_>>(), "local install");

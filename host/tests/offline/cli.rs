@@ -142,3 +142,20 @@ fn crds_command_matches_deploy_crds() {
         assert_eq!(generated, std::fs::read_to_string(&path).unwrap(), "{} is stale", path.display());
     }
 }
+
+/// A pod never starts on a floor whose data is not the document its spec pins: `run` stops
+/// before anything else (no plugin compiled, no cluster asked), naming both digests.
+#[test]
+fn run_refuses_a_floor_other_than_the_pinned_one() {
+    let plugins = plugin_dir();
+    let pinned = "0".repeat(64);
+    let out = stateward(&plugins, &["run", "--policy-dir", "policies", "--policy-data-sha256", &pinned]);
+    assert!(!out.status.success(), "started on another floor: {}", text(&out));
+    let data = std::fs::read(workspace_root().join("policies/data.json")).unwrap();
+    let actual = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data));
+    let said = text(&out);
+    assert!(
+        said.contains(&actual) && said.contains(&pinned) && said.contains("--policy-data-sha256"),
+        "{said}"
+    );
+}
