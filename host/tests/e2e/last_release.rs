@@ -43,14 +43,20 @@ pub fn owner_reference(cr: &Value) -> Value {
     })
 }
 
-/// What the certificate keeper stamps on a pod template mounting the Secret `tls` whose
-/// `tls.crt` is `cert_pem` (stamp_pod_template, at a3d9881 and now).
+/// What the last release's certificate keeper stamped on a pod template mounting the Secret
+/// `tls` whose `tls.crt` is `cert_pem` (stamp_pod_template at a3d9881).
 pub fn certificate_stamp(tls: &str, cert_pem: &[u8]) -> String {
     let mut h = Sha256::new();
     h.update(tls.as_bytes());
     h.update([0]);
     h.update(Sha256::digest(cert_pem));
     hex::encode(h.finalize())
+}
+
+/// What this build's keeper stamps: over the certificate and the CAs the pods trust (`tls.crt`
+/// then `ca.crt`), so a change of trust rolls them too.
+pub fn current_certificate_stamp(tls: &str, cert_pem: &[u8], ca_pem: &[u8]) -> String {
+    certificate_stamp(tls, &[cert_pem, ca_pem].concat())
 }
 
 /// The children of the resource `cr` from a fixture `text` (its name and image substituted), as

@@ -219,11 +219,10 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
         let issued = tls.as_ref().is_some_and(|s| {
             s.metadata.annotations.as_ref().is_some_and(|a| a.contains_key("stateward.dev/cert-sans"))
         });
-        let want_stamp = tls
-            .as_ref()
-            .and_then(|s| s.data.as_ref())
-            .and_then(|d| d.get("tls.crt"))
-            .map(|c| last_release::certificate_stamp(&format!("{name}-tls"), &c.0));
+        let want_stamp = tls.as_ref().and_then(|s| s.data.as_ref()).and_then(|d| {
+            let (crt, ca) = (d.get("tls.crt")?, d.get("ca.crt")?);
+            Some(last_release::current_certificate_stamp(&format!("{name}-tls"), &crt.0, &ca.0))
+        });
         let stamp = set
             .as_ref()
             .and_then(|s| s.spec.as_ref())
