@@ -155,7 +155,7 @@ fn recorded_responses_reach_the_plugin_offline() {
     let with = render(&registry, sample, &[pod], &[answer], 0).expect("render");
     let instances = &with.plan.status.extra["instances"];
     assert_eq!(instances[0]["role"], "primary", "{instances}");
-    assert_eq!(instances[0]["connections"], 12);
+    assert_eq!(instances[0]["maxConnections"], 100);
     assert_eq!(with.plan.status.extra["currentPrimary"], format!("{name}-0"), "confirmed by its answer");
 }
 

@@ -285,7 +285,7 @@ pub fn live(ctx: &Ctx, input: &LiveInput) -> Live {
                 ..exec_of(poll_exec(&request_id(pod), &pod.name, "postgres", &[], POLL_MS, TIMEOUT_MS))
             }));
         }
-        instances.push(instance(m, &members));
+        instances.push(instance(m));
         if let Some(Ok(s)) = &m.answer {
             if s.max_connections > 0 {
                 let percent = 100.0 * s.connections as f64 / s.max_connections as f64;
@@ -419,27 +419,17 @@ fn exec_of(action: Action) -> ExecRequest {
 }
 
 /// One instance in status: what its server said, or why it said nothing.
-fn instance(m: &Member, members: &[Member]) -> Value {
+fn instance(m: &Member) -> Value {
     match &m.answer {
         Some(Ok(s)) => {
-            // A standby's lag as its primary sees it, else what it has not replayed yet.
-            let seen = members
-                .iter()
-                .filter_map(|p| p.answer.as_ref().and_then(|a| a.as_ref().ok()))
-                .flat_map(|p| p.standbys.iter())
-                .find(|sb| sb.name == m.pod);
-            let lag = match seen {
-                Some(sb) if sb.lag_bytes >= 0 => sb.lag_bytes as u64,
-                _ => s.replay_lag(),
-            };
+            // State, not readings: WAL positions, lag bytes and connection counts change on
+            // every poll of an idle server, and a status that changes is a write (and a
+            // reconcile) every poll. The verdicts they feed are state: Redundant (lag over
+            // the threshold, with hysteresis) and ServiceHealthy (connections near the limit).
             let mut v = json!({
                 "pod": m.pod,
                 "role": if s.in_recovery { "replica" } else { "primary" },
                 "timeline": s.timeline,
-                "receivedLsn": lsn_text(s.received),
-                "replayedLsn": lsn_text(s.replayed),
-                "replicationLagBytes": lag,
-                "connections": s.connections,
                 "maxConnections": s.max_connections,
             });
             if s.in_recovery {
@@ -448,7 +438,7 @@ fn instance(m: &Member, members: &[Member]) -> Value {
                 v["standbys"] = json!(s
                     .standbys
                     .iter()
-                    .map(|sb| json!({"name": sb.name, "state": sb.state, "syncState": sb.sync_state, "lagBytes": sb.lag_bytes}))
+                    .map(|sb| json!({"name": sb.name, "state": sb.state, "syncState": sb.sync_state}))
                     .collect::<Vec<_>>());
             }
             v
@@ -516,8 +506,6 @@ pub fn schema() -> serde_json::Map<String, Value> {
                     "pod": { "type": "string" },
                     "role": { "type": "string", "enum": ["primary", "replica"] },
                     "timeline": { "type": "integer", "format": "int64" },
-                    "receivedLsn": { "type": "string" },
-                    "replayedLsn": { "type": "string" },
                     "streaming": { "type": "boolean" },
                     "standbys": {
                         "type": "array",
@@ -527,13 +515,10 @@ pub fn schema() -> serde_json::Map<String, Value> {
                                 "name": { "type": "string" },
                                 "state": { "type": "string" },
                                 "syncState": { "type": "string" },
-                                "lagBytes": { "type": "integer", "format": "int64" },
                             },
                         },
                     },
-                    "connections": { "type": "integer", "format": "int64" },
                     "maxConnections": { "type": "integer", "format": "int64" },
-                    "replicationLagBytes": { "type": "integer", "format": "int64" },
                     "error": { "type": "string" },
                 },
             },
