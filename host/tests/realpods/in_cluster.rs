@@ -243,9 +243,20 @@ impl Drop for Uninstall<'_> {
     }
 }
 
-/// The operator pods' /metrics or /debug/healthz, through the API server's pod proxy.
+/// The operator pods' /metrics or /debug/healthz, through the API server's pod proxy. Asked
+/// again for up to 10 s: right after pods were replaced the proxy may refuse a pod a moment
+/// ("address not allowed") until its address is known to it.
 fn pod_http(env: &TestEnv, pod: &str, path: &str) -> String {
-    kubectl(env, &["get", "--raw", &format!("/api/v1/namespaces/{NS}/pods/{pod}:8080/proxy{path}")])
+    let url = format!("/api/v1/namespaces/{NS}/pods/{pod}:8080/proxy{path}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = env.kubectl_output(&["get", "--raw", &url], None).expect("run kubectl");
+        if out.status.success() {
+            return String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(Instant::now() < deadline, "kubectl get --raw {url} failed: {}", out_text(&out));
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 fn operator_pods(env: &TestEnv) -> Vec<String> {
