@@ -10,7 +10,7 @@
 
 use crate::e2e;
 use crate::webhook_env::{wait_webhook_ready, webhook_operator, VwcGuard};
-use crate::webhooks::{expected_stamp, verifies_for};
+use crate::webhooks::{expected_stamp, secret_text as text, verifies_for};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -30,15 +30,6 @@ use stateward::controller::service_certs::{self, ISSUED_UNDER_BOTH, MIGRATION_AN
 use stateward::webhook::certs::{self, CertPolicy};
 use stateward_testkit::servers::{as_postgres, free_port, is_root, postgres_bin, Server};
 use stateward_testkit::TestEnv;
-
-fn text(secret: &Secret, key: &str) -> String {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .unwrap_or_default()
-}
 
 /// Waits until the keeper has issued `instance`'s certificate from the instance's own CA;
 /// returns (certificate Secret, CA certificate PEM).

@@ -749,7 +749,7 @@ fn cert_annotation(sts: &k8s_openapi::api::apps::v1::StatefulSet) -> Option<Stri
         .cloned()
 }
 
-fn secret_text(s: &Secret, k: &str) -> String {
+pub(crate) fn secret_text(s: &Secret, k: &str) -> String {
     s.data
         .as_ref()
         .and_then(|d| d.get(k))
