@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use stateward::render::{parse_documents, render};
 use stateward::runtime::{Action, Registry};
-use stateward_testkit::servers::{as_postgres, free_port, is_root, postgres_bin, Server};
+use stateward_testkit::servers::{as_postgres, free_port, is_root, postgres_bin, wait_serving, Server};
 use support::{load, sandbox, workspace_root};
 
 /// The objects the sample of `plugin` renders to (through the Wasm component).
@@ -425,7 +425,7 @@ fn redis_entrypoint_keeps_the_password_off_the_command_line_and_replicas_authent
     assert!(!conf.contains("requirepass"));
     let tls = certificate_files(&dir);
     let password = "pw \"with\" quotes\\and $(no command)";
-    let start = |member: &str, data: &Path, port: &str, extra: &[&str]| {
+    let start = |member: &str, data: &Path, port: &str, extra: &[&str]| -> (Server, PathBuf, PathBuf) {
         let conf_dir = dir.join(format!("config-{member}"));
         std::fs::create_dir_all(&conf_dir).unwrap();
         std::fs::write(
@@ -453,10 +453,12 @@ fn redis_entrypoint_keeps_the_password_off_the_command_line_and_replicas_authent
             .args(["--tls-cert-file", &tls.join("tls.crt").display().to_string()])
             .args(["--tls-key-file", &tls.join("tls.key").display().to_string()])
             .args(["--tls-ca-cert-file", &tls.join("ca.crt").display().to_string()])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        (Server(cmd.spawn().unwrap_or_else(|e| panic!("sh: {e}"))), run_dir)
+            .args(extra);
+        // The script's, the server's and its Sentinel's output, which a failed wait shows.
+        let log = dir.join(format!("{member}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        cmd.stdout(out.try_clone().unwrap()).stderr(out);
+        (Server(cmd.spawn().unwrap_or_else(|e| panic!("sh: {e}"))), run_dir, log)
     };
     let cli = |port: &str, auth: Option<&str>, args: &[&str]| {
         let mut c = Command::new("redis-cli");
@@ -466,9 +468,21 @@ fn redis_entrypoint_keeps_the_password_off_the_command_line_and_replicas_authent
         let out = c.args(["-h", "127.0.0.1", "-p", port]).args(args).output().unwrap();
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
-    let port = free_port().to_string();
-    let (primary, run_dir) = start("cache-0", &dir.join("data-0"), &port, &[]);
-    wait_until("redis primary", Duration::from_secs(20), || cli(&port, Some(password), &["ping"]) == "PONG");
+    // A member serving on free ports, started again on others when a port was taken meanwhile.
+    let serve = |member: &str, data: &Path, extra: &[&str]| {
+        for _ in 0..3 {
+            let port = free_port().to_string();
+            let (mut server, run_dir, log) = start(member, data, &port, extra);
+            let ping = || cli(&port, Some(password), &["ping"]) == "PONG";
+            match wait_serving(&mut server, &log, Duration::from_secs(30), ping) {
+                Ok(()) => return (server, run_dir, log, port),
+                Err(e) if e.port_taken() => continue,
+                Err(e) => panic!("{member} did not serve: {e:?}"),
+            }
+        }
+        panic!("{member}: every port tried was taken")
+    };
+    let (primary, run_dir, _, port) = serve("cache-0", &dir.join("data-0"), &[]);
     assert!(cli(&port, None, &["ping"]).contains("NOAUTH"), "a password is required");
     assert_ne!(cli(&port, Some("wrong"), &["ping"]), "PONG", "only the password gets in");
     let pid = primary.0.id();
@@ -503,12 +517,15 @@ fn redis_entrypoint_keeps_the_password_off_the_command_line_and_replicas_authent
 
     // A member other than pod 0 replicates, proving masterauth: its script names the primary
     // at the pod port 6379, which the last --replicaof (this machine's port) overrides.
-    let replica_port = free_port().to_string();
-    let (_replica, _) =
-        start("cache-1", &dir.join("data-1"), &replica_port, &["--replicaof", "127.0.0.1", &port]);
-    wait_until("redis replica", Duration::from_secs(30), || {
+    let (mut replica, _, replica_log, replica_port) =
+        serve("cache-1", &dir.join("data-1"), &["--replicaof", "127.0.0.1", &port]);
+    let linked = wait_serving(&mut replica, &replica_log, Duration::from_secs(60), || {
         cli(&replica_port, Some(password), &["info", "replication"]).contains("master_link_status:up")
     });
+    if let Err(e) = linked {
+        let info = cli(&replica_port, Some(password), &["info", "replication"]);
+        panic!("the replica did not link: {info}\n{e:?}");
+    }
     wait_until("replicated key", Duration::from_secs(10), || {
         cli(&replica_port, Some(password), &["get", "k"]) == "v"
     });
