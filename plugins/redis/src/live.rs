@@ -3,7 +3,7 @@
 //! `SENTINEL MASTER`, every [`POLL_MS`], with `redis-cli` in the pod (the password comes from
 //! the container's own `REDISCLI_AUTH`, never from the plugin). The answers go to
 //! [`roles::decide`]; its decision becomes the role labels the `-master` and `-replicas`
-//! Services select on, status (the master, each replica's link and lag, each Sentinel's view),
+//! Services select on, status (the master, each replica's link, each Sentinel's view),
 //! a condition and events.
 
 use serde_json::{json, Value};
@@ -209,7 +209,7 @@ pub fn live(ctx: &Ctx, input: &LiveInput, port: u16) -> Live {
     let mut readings = Vec::new();
     for (pod, m) in input.pods.iter().zip(&members) {
         let role = d.roles.iter().find(|(p, _)| p == &m.pod).and_then(|(_, r)| *r);
-        instances.push(instance(m, role, d.lag.get(&m.pod).copied().flatten()));
+        instances.push(instance(m, role));
         if let Some(Ok(i)) = &m.server {
             if i.maxmemory > 0 {
                 let percent = 100.0 * i.used_memory as f64 / i.maxmemory as f64;
@@ -930,25 +930,23 @@ fn unaskable(input: &LiveInput, pod: &PodView, m: &Member) -> bool {
     outdated(input, pod) && matches!(&m.server, Some(Err(e)) if e.contains("NOAUTH"))
 }
 
-/// One instance in status: what its server said, or why it said nothing.
-fn instance(m: &Member, role: Option<&str>, lag: Option<u64>) -> Value {
+/// One instance in status: what its server said, or why it said nothing. State only (roles,
+/// links, replicas, the memory bound): offsets, lag and memory in use change on every poll of
+/// an idle server, and status holding them would be written on every poll. The Redundant
+/// condition says how far behind a replica is, and memory pressure is a reading.
+fn instance(m: &Member, role: Option<&str>) -> Value {
     match &m.server {
         Some(Ok(i)) => {
             let mut v = json!({
                 "pod": m.pod,
                 "role": role.unwrap_or("none"),
                 "serverRole": i.role,
-                "offset": i.offset,
                 "connectedReplicas": i.connected_replicas,
-                "usedMemoryBytes": i.used_memory,
                 "maxmemoryBytes": i.maxmemory,
             });
             if i.role == "slave" {
                 v["masterHost"] = json!(i.master_host);
                 v["linkStatus"] = json!(if i.link_up { "up" } else { "down" });
-            }
-            if let Some(lag) = lag {
-                v["lagBytes"] = json!(lag);
             }
             v
         }

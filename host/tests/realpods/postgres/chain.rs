@@ -85,73 +85,10 @@ async fn one_cluster_forms_rides_out_a_stall_switches_over_and_fails_over() {
 }
 
 /// How long step 6 watches the converged cluster.
-const IDLE_WINDOW: Duration = Duration::from_secs(30);
 
-/// Step 6, [agent]'s steady state as it stands: the converged cluster watched for
-/// [`IDLE_WINDOW`] with nothing happening. Reported per minute against that targets:
-/// status writes and Events (0), audit records and bytes (10 KB). Asserted: the cluster stays
-/// Available and Redundant, and the operator's audit log (its counted repetitions included)
-/// verifies.
+/// Step 6, [agent]'s steady state: see [`crate::idle`].
 async fn idle(env: &TestEnv, op: &e2e::Operator) {
-    use futures::StreamExt as _;
-    let api = POSTGRES.api(env);
-    // Settled first: the last step's own writes are not the steady state's.
-    crate::redundant_again(env, POSTGRES, "pg", Duration::from_secs(120)).await;
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    let rv = get_cr(&api, "pg").await.expect("CR")["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap_or("0")
-        .to_string();
-    let audit_bytes = || std::fs::metadata(&op.audit).map_or(0, |m| m.len());
-    let audit_lines = || std::fs::read_to_string(&op.audit).map_or(0, |t| t.lines().count());
-    let (bytes_before, lines_before) = (audit_bytes(), audit_lines());
-    let started = jiff::Timestamp::now();
-    // Every write of the resource (status included) is a MODIFIED of a watch from here.
-    let params =
-        kube::api::WatchParams::default().fields("metadata.name=pg").timeout(IDLE_WINDOW.as_secs() as u32);
-    let writes = api.watch(&params, &rv).await.expect("watch pg");
-    let writes = tokio::time::timeout(IDLE_WINDOW + Duration::from_secs(5), async move {
-        let mut writes = std::pin::pin!(writes);
-        let mut n = 0u64;
-        while let Some(e) = writes.next().await {
-            if matches!(e, Ok(kube::api::WatchEvent::Modified(_))) {
-                n += 1;
-            }
-        }
-        n
-    })
-    .await
-    .unwrap_or_else(|_| panic!("the watch did not end after its {IDLE_WINDOW:?} timeout"));
-    let (bytes, lines) =
-        (audit_bytes().saturating_sub(bytes_before), audit_lines().saturating_sub(lines_before));
-    let events: kube::Api<k8s_openapi::api::events::v1::Event> = env.api();
-    let posted = events
-        .list(&kube::api::ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("pg"))
-        .filter(|e| {
-            let last =
-                e.series.as_ref().map(|s| s.last_observed_time.0).or(e.event_time.as_ref().map(|t| t.0));
-            last.is_some_and(|t| t.as_second() >= started.as_second())
-        })
-        .count();
-    let per_minute = |n: f64| n * 60.0 / IDLE_WINDOW.as_secs_f64();
-    eprintln!(
-        "realpods-pg: idle {IDLE_WINDOW:?}: {writes} writes of the resource, {posted} Events, {lines} audit records, {bytes} audit bytes"
-    );
-    use stateward_testkit::report::{figure, Target};
-    figure("pg.idle.status_writes_per_minute", per_minute(writes as f64), "writes", Target::AtMost(0.0));
-    figure("pg.idle.events_per_minute", per_minute(posted as f64), "events", Target::AtMost(0.0));
-    figure("pg.idle.audit_records_per_minute", per_minute(lines as f64), "records", Target::None);
-    figure("pg.idle.audit_bytes_per_minute", per_minute(bytes as f64), "bytes", Target::AtMost(10_240.0));
-    let cr = get_cr(&api, "pg").await.expect("CR");
-    assert_eq!(e2e::condition(&cr, "Available"), Some("True"), "{}", summary(&cr));
-    assert_eq!(e2e::condition(&cr, "Redundant"), Some("True"), "{}", summary(&cr));
-    let report = stateward::policy::audit::verify(&op.audit).expect("read the audit log");
-    assert_eq!(report.first_break, None, "the operator's audit log verifies");
+    crate::idle(env, POSTGRES, "pg", op, "pg").await;
 }
 
 /// How many standbys the primary behind `-rw` lists as streaming (for [`crate::ClientSampler`]).

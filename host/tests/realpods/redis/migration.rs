@@ -198,7 +198,7 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
         let inst = instances(&cr);
         let linked: BTreeSet<String> = inst
             .iter()
-            .filter(|(p, r, l, _)| r == "replica" && l == "up" && *p != master)
+            .filter(|(p, r, l)| r == "replica" && l == "up" && *p != master)
             .map(|i| i.0.clone())
             .collect();
         let legacy = endpoints(&env, name).await;
@@ -236,8 +236,7 @@ async fn a_cluster_of_the_last_release_is_converted_in_place_and_its_service_nam
             && stamped
             && outdated.is_empty()
             && !master.is_empty()
-            && inst.iter().filter(|(_, r, _, _)| r == "master").map(|i| &i.0).collect::<Vec<_>>()
-                == [&master]
+            && inst.iter().filter(|(_, r, _)| r == "master").map(|i| &i.0).collect::<Vec<_>>() == [&master]
             && linked == others
             && on_master == BTreeSet::from([master.clone()])
             && legacy == on_master

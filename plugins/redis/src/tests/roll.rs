@@ -228,6 +228,28 @@ fn observed_flags(
     o
 }
 
+/// Status holds each instance's state, never its readings: an idle server's next answers
+/// (the offsets moved on, more memory in use) give the same status, so nothing is written.
+#[test]
+fn instances_in_status_hold_state_and_stay_the_same_while_readings_move() {
+    use stateward_sdk::Service as _;
+    let status = serde_json::json!({ "master": "cache-0" });
+    let instances = |o| super::tk::extra(&super::Redis::reconcile(o).unwrap())["instances"].clone();
+    let first = instances(observed(status.clone()));
+    assert_eq!(
+        first[1],
+        serde_json::json!({ "pod": "cache-1", "role": "replica", "serverRole": "slave", "connectedReplicas": 0,
+                            "maxmemoryBytes": 0, "masterHost": "cache-0.cache-headless", "linkStatus": "up" })
+    );
+    assert_eq!(first[0]["connectedReplicas"], 2);
+    let mut busier = observed(status);
+    for r in busier.responses.iter_mut().filter(|r| r.id.starts_with("info-")) {
+        r.stdout =
+            r.stdout.replace("offset:100", "offset:73400320").replace("used_memory:1", "used_memory:524288");
+    }
+    assert_eq!(instances(busier), first, "readings changed the status");
+}
+
 #[test]
 fn reconcile_replaces_the_highest_outdated_replica_and_polls_faster_while_writes_are_held() {
     use stateward_sdk::{Action, RequestMode, Service};
