@@ -20,9 +20,11 @@ use kube::discovery::Scope;
 use kube::runtime::reflector::{self, store::Writer, Store};
 use kube::runtime::utils::{Backoff, ResetTimerBackoff};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::Value;
 use tokio::sync::broadcast;
+
+use crate::watched::Watched;
 
 /// The label every child carries: the name of the custom resource it belongs to.
 pub const INSTANCE_LABEL: &str = "stateward.dev/instance";
@@ -58,7 +60,7 @@ pub struct Children {
 
 struct Inner {
     client: Client,
-    namespace: Option<String>,
+    watched: Watched,
     caches: RwLock<BTreeMap<ChildKindKey, Arc<Cached>>>,
     /// One `ensure` at a time, so two plugins owning a new kind start one watch.
     adding: tokio::sync::Mutex<()>,
@@ -80,11 +82,25 @@ pub enum ChildChange {
     Deleted { namespace: String, instance: String },
 }
 
-/// One kind's cache and its index by instance.
+/// One kind's caches: one per watched scope (every namespace, or each namespace listed).
 struct Cached {
     resource: ApiResource,
+    parts: Vec<Part>,
+}
+
+/// One watch's cache of a kind and its index by instance.
+struct Part {
+    /// The namespace it covers; `None`: every namespace.
+    namespace: Option<String>,
     store: Store<DynamicObject>,
     index: Arc<RwLock<Index>>,
+}
+
+impl Cached {
+    /// The cache holding `namespace`'s objects, if one is watched.
+    fn part(&self, namespace: &str) -> Option<&Part> {
+        self.parts.iter().find(|p| p.namespace.as_deref().is_none_or(|n| n == namespace))
+    }
 }
 
 /// Names of the cached children of each instance, so that observing one resource looks up its
@@ -196,12 +212,12 @@ impl Backoff for Doubling {
 
 impl Children {
     /// No caches yet: [`Children::ensure`] adds the kinds plugins own.
-    pub fn new(client: &Client, namespace: Option<&str>) -> Self {
+    pub fn new(client: &Client, watched: &Watched) -> Self {
         let (changes, _) = broadcast::channel(1024);
         Self {
             inner: Arc::new(Inner {
                 client: client.clone(),
-                namespace: namespace.map(str::to_string),
+                watched: watched.clone(),
                 caches: RwLock::new(BTreeMap::new()),
                 adding: tokio::sync::Mutex::new(()),
                 changes,
@@ -228,7 +244,8 @@ impl Children {
         Ok(added)
     }
 
-    /// Discovers, checks and starts the watch of one kind, and waits for its first list.
+    /// Discovers and checks one kind, and starts its watch in every watched scope, waiting
+    /// for each one's first list.
     async fn start(&self, (api_version, kind): &ChildKindKey) -> Result<Cached, WatchError> {
         let (group, version) = match api_version.split_once('/') {
             Some((g, v)) => (g, v),
@@ -245,16 +262,31 @@ impl Children {
         if caps.scope != Scope::Namespaced {
             return Err(WatchError::ClusterScoped { api_version: api_version.clone(), kind: kind.clone() });
         }
-        let api: Api<DynamicObject> = match &self.inner.namespace {
-            Some(ns) => Api::namespaced_with(self.inner.client.clone(), ns, &resource),
-            None => Api::all_with(self.inner.client.clone(), &resource),
-        };
+        let mut parts = Vec::new();
+        for scope in self.inner.watched.scopes() {
+            parts.push(self.watch(api_version, kind, &resource, scope).await?);
+        }
+        Ok(Cached { resource, parts })
+    }
+
+    /// Starts the watch of one kind in `scope` and waits for its first list.
+    async fn watch(
+        &self,
+        api_version: &str,
+        kind: &str,
+        resource: &ApiResource,
+        scope: Option<String>,
+    ) -> Result<Part, WatchError> {
+        let api = crate::watched::api(&self.inner.client, scope.as_deref(), resource);
         // A list of one proves the permission before a watch would retry a 403 forever.
         api.list_metadata(&ListParams::default().labels(INSTANCE_LABEL).limit(1)).await.map_err(|e| {
             WatchError::Forbidden {
-                api_version: api_version.clone(),
-                kind: kind.clone(),
-                reason: e.to_string(),
+                api_version: api_version.to_string(),
+                kind: kind.to_string(),
+                reason: match &scope {
+                    Some(ns) => format!("in namespace {ns}: {e}"),
+                    None => e.to_string(),
+                },
             }
         })?;
         // Not kube's shared reflector: its subscriptions need a dynamic type with a Default,
@@ -300,9 +332,14 @@ impl Children {
         tokio::spawn(stream);
         match tokio::time::timeout(SYNC_TIMEOUT, store.wait_until_ready()).await {
             Ok(Ok(())) => {}
-            _ => return Err(WatchError::NotSynced { api_version: api_version.clone(), kind: kind.clone() }),
+            _ => {
+                return Err(WatchError::NotSynced {
+                    api_version: api_version.to_string(),
+                    kind: kind.to_string(),
+                })
+            }
         }
-        Ok(Cached { resource, store, index })
+        Ok(Part { namespace: scope, store, index })
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<ChildKindKey, Arc<Cached>>> {
@@ -333,7 +370,8 @@ impl Children {
 
     /// Resolves once every cache has listed; nothing may be written before that.
     pub async fn wait_until_synced(&self) -> Result<(), reflector::store::WriterDropped> {
-        let stores: Vec<Store<DynamicObject>> = self.read().values().map(|c| c.store.clone()).collect();
+        let stores: Vec<Store<DynamicObject>> =
+            self.read().values().flat_map(|c| c.parts.iter().map(|p| p.store.clone())).collect();
         for store in stores {
             store.wait_until_ready().await?;
         }
@@ -357,9 +395,9 @@ impl Children {
     ) -> Vec<Arc<K>> {
         let Some(cached) = self.cached(&K::api_version(&()), &K::kind(&())) else { return Vec::new() };
         cached
-            .store
-            .state()
+            .parts
             .iter()
+            .flat_map(|p| p.store.state())
             .filter(|o| filter(o))
             .filter_map(|o| o.as_ref().clone().try_parse().ok().map(Arc::new))
             .collect()
@@ -368,7 +406,7 @@ impl Children {
     pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
         let cached = self.cached("v1", "Secret")?;
         let key = reflector::ObjectRef::new_with(name, cached.resource.clone()).within(namespace);
-        cached.store.get(&key)?.as_ref().clone().try_parse().ok().map(Arc::new)
+        cached.part(namespace)?.store.get(&key)?.as_ref().clone().try_parse().ok().map(Arc::new)
     }
 
     /// Every cached Secret (all carry the instance label).
@@ -397,7 +435,7 @@ impl Children {
     pub(crate) fn fixed(objects: &[Value]) -> Self {
         let client_config = kube::Config::new("http://127.0.0.1:9".parse().unwrap_or_default());
         let client = Client::try_from(client_config).unwrap_or_else(|e| panic!("a client: {e}"));
-        let children = Self::new(&client, None);
+        let children = Self::new(&client, &Watched::All);
         let mut kinds: BTreeSet<ChildKindKey> =
             ALWAYS_CACHED.iter().map(|(a, k)| ((*a).to_string(), (*k).to_string())).collect();
         for o in objects {
@@ -424,7 +462,9 @@ impl Children {
                 index.update(event);
                 writer.apply_watcher_event(event);
             }
-            let cached = Cached { resource, store: writer.as_reader(), index: Arc::new(RwLock::new(index)) };
+            let part =
+                Part { namespace: None, store: writer.as_reader(), index: Arc::new(RwLock::new(index)) };
+            let cached = Cached { resource, parts: vec![part] };
             children
                 .inner
                 .caches
@@ -459,12 +499,12 @@ pub fn plugin_view(child: &Value) -> String {
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 fn collect(cached: &Cached, namespace: &str, name: &str, out: &mut Vec<Value>) {
-    let names = cached.index.read().unwrap_or_else(PoisonError::into_inner).names(namespace, name);
+    let Some(part) = cached.part(namespace) else { return };
+    let names = part.index.read().unwrap_or_else(PoisonError::into_inner).names(namespace, name);
     // Sorted by name (the index keeps names ordered); the label is checked again on the cached
     // object itself, which may be newer than the index.
     let found = names.iter().filter_map(|child| {
-        cached
-            .store
+        part.store
             .get(&reflector::ObjectRef::new_with(child, cached.resource.clone()).within(namespace))
             .filter(|o| o.labels().get(INSTANCE_LABEL).map(String::as_str) == Some(name))
     });

@@ -17,4 +17,5 @@ pub mod render;
 pub mod requests;
 pub mod runtime;
 pub mod telemetry;
+pub mod watched;
 pub mod webhook;

@@ -149,9 +149,10 @@ impl SandboxArgs {
 
 #[derive(Args)]
 struct RunArgs {
-    /// Watch only this namespace (needs only a namespaced Role); all namespaces by default.
-    #[arg(long, env = "STATEWARD_NAMESPACE")]
-    namespace: Option<String>,
+    /// Watch only these namespaces (comma-separated or repeated; a Role in each, nothing
+    /// cluster-wide); all namespaces by default.
+    #[arg(long, env = "STATEWARD_NAMESPACE", value_delimiter = ',')]
+    namespace: Vec<String>,
     /// Address of /metrics, /healthz, /readyz and /debug/*.
     #[arg(long, default_value = "0.0.0.0:8080")]
     http_addr: std::net::SocketAddr,
@@ -430,6 +431,7 @@ fn exit(ok: bool) -> ExitCode {
 
 fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
     use stateward::policy::AuditSink;
+    let watched = stateward::watched::Watched::from_names(&args.namespace).map_err(anyhow::Error::msg)?;
     if let Some(pinned) = &args.policy_data_sha256 {
         stateward::policy::floor::check_data_pin(&args.policy_dir, pinned).map_err(anyhow::Error::msg)?;
     }
@@ -486,11 +488,12 @@ fn operate(args: RunArgs) -> anyhow::Result<ExitCode> {
     leader.lease_duration = Duration::from_secs(args.lease_seconds.max(3));
     leader.renew_deadline = leader.lease_duration * 2 / 3;
     leader.retry_period = leader.lease_duration / 7;
-    let webhook = args.webhook.enabled().then(|| {
-        (args.webhook.settings(&args.lease_namespace, args.namespace.as_deref()), args.webhook.webhook_addr)
-    });
+    let webhook = args
+        .webhook
+        .enabled()
+        .then(|| (args.webhook.settings(&args.lease_namespace, &watched), args.webhook.webhook_addr));
     let settings = stateward::operator::OperatorSettings {
-        namespace: args.namespace.clone(),
+        watched,
         http_addr: args.http_addr,
         leader,
         concurrency: args.concurrency.max(1),
@@ -732,7 +735,7 @@ impl WebhookArgs {
     fn settings(
         &self,
         lease_namespace: &str,
-        watch_namespace: Option<&str>,
+        watched: &stateward::watched::Watched,
     ) -> stateward::webhook::WebhookSettings {
         use stateward::webhook::{CertPolicy, Endpoint, WebhookSettings};
         let namespace = self.webhook_namespace.clone().unwrap_or_else(|| lease_namespace.to_string());
@@ -745,7 +748,7 @@ impl WebhookArgs {
             namespace,
             secret: self.webhook_secret.clone(),
             configuration: self.webhook_configuration.clone(),
-            watch_namespace: watch_namespace.map(str::to_string),
+            watched: watched.clone(),
             configure: self.webhook_configure,
             cert_manager: self.cert_manager,
             policy: CertPolicy {

@@ -24,8 +24,8 @@ use crate::webhook::{self, WebhookError, WebhookSettings};
 
 /// How `stateward run` was asked to behave.
 pub struct OperatorSettings {
-    /// Watch only this namespace (needs only a namespaced Role); all namespaces when `None`.
-    pub namespace: Option<String>,
+    /// The namespaces watched (a Role in each), or every namespace.
+    pub watched: crate::watched::Watched,
     pub http_addr: SocketAddr,
     pub leader: LeaderConfig,
     /// Reconciles running at once per kind.
@@ -99,7 +99,7 @@ pub async fn run(
     // Caches are reads: every replica keeps them warm so a takeover starts at once. They hold
     // exactly the kinds the plugins own; a built-in plugin owning a kind that cannot be cached
     // stops the start with the reason (a ConfigMap build is refused instead, by the reloader).
-    let children = Children::new(&client, settings.namespace.as_deref());
+    let children = Children::new(&client, &settings.watched);
     for plugin in registry.snapshot().plugins() {
         children.ensure(crate::reload::owned_kinds(&plugin)).await.map_err(|e| {
             RunError::Sync(format!("plugin {} owns a kind the operator cannot watch: {e}", plugin.name()))
@@ -156,7 +156,7 @@ pub async fn run(
         debug: debug.clone(),
         keeper,
         settings: ControllerSettings {
-            namespace: settings.namespace.clone(),
+            watched: settings.watched.clone(),
             identity: settings.leader.identity.clone(),
             concurrency: settings.concurrency,
             sweep_interval: settings.sweep_interval,
@@ -295,24 +295,13 @@ async fn shutdown_signal() {
 }
 
 /// Every answer is audited: its target as policy saw it and how it ended, with the sizes and
-/// a digest of its output (never the output, stdin or credentials); and counted.
+/// a digest of its output (never the output, stdin or credentials); and counted. A poll's
+/// answers that end as its last written one did are counted as its repetitions.
 fn audit_outcomes(gate: Arc<LiveGate>, metrics: Metrics) -> Outcomes {
-    use sha2::Digest as _;
     Arc::new(move |answer: &crate::requests::Outcome<'_>| {
         let response = answer.response;
-        let outcome = serde_json::json!({
-            "id": response.id,
-            "sent": answer.sent,
-            "code": response.code,
-            "error": response.error,
-            "stdoutBytes": response.stdout.len(),
-            "stdoutSha256": hex::encode(sha2::Sha256::digest(response.stdout.as_bytes())),
-            "stderrBytes": response.stderr.len(),
-            "truncated": response.truncated,
-            "startedAtMs": response.started_at_ms,
-            "durationMs": response.duration_ms,
-        });
-        if let Err(e) = gate.current().record_outcome(answer.requested_by, answer.audit, outcome) {
+        let (outcome, class) = (answer.audited(), answer.class());
+        if let Err(e) = gate.current().record_outcome(answer.requested_by, answer.audit, outcome, class) {
             tracing::error!(error = %e, id = %response.id, "cannot audit a request's outcome");
         }
         let verb = answer.audit.get("verb").and_then(serde_json::Value::as_str).unwrap_or("request");

@@ -254,6 +254,69 @@ impl AdmissionRequest {
     }
 }
 
+/// A spec larger than this (its JSON) is kept in an admission record as its digest and size.
+pub const RECORDED_SPEC_BYTES: usize = 16 * 1024;
+/// An annotation or label value larger than this is kept as its digest and size
+/// (`kubectl.kubernetes.io/last-applied-configuration` holds a whole object).
+pub const RECORDED_VALUE_BYTES: usize = 1024;
+
+/// What the audit keeps of an admission input: all of it but the objects, of which it keeps
+/// what admission rules read (apiVersion, kind, metadata's name, namespace, uid, generation,
+/// labels and annotations, and the spec) with the digest and size of the whole object. Status
+/// and managed fields are left out, and large values are kept as their digest and size
+/// ([`RECORDED_SPEC_BYTES`], [`RECORDED_VALUE_BYTES`]): a flood of reviews of large objects
+/// writes small records.
+pub fn admission_record(input: &Value) -> Value {
+    let mut recorded = input.clone();
+    for key in ["object", "oldObject"] {
+        if let Some(object) = recorded.get_mut(key) {
+            *object = object_record(object);
+        }
+    }
+    recorded
+}
+
+fn digest_of(text: &str) -> Value {
+    use sha2::Digest as _;
+    json!({ "sha256": hex::encode(sha2::Sha256::digest(text.as_bytes())), "bytes": text.len() })
+}
+
+fn object_record(object: &Value) -> Value {
+    if !object.is_object() {
+        return object.clone();
+    }
+    let small = |v: &Value, limit: usize| {
+        let text = v.to_string();
+        if text.len() > limit {
+            digest_of(&text)
+        } else {
+            v.clone()
+        }
+    };
+    let values = |v: Option<&Value>| -> Value {
+        let Some(map) = v.and_then(Value::as_object) else { return json!({}) };
+        map.iter().map(|(k, v)| (k.clone(), small(v, RECORDED_VALUE_BYTES))).collect()
+    };
+    let meta = &object["metadata"];
+    let mut recorded = json!({
+        "apiVersion": object["apiVersion"],
+        "kind": object["kind"],
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "generation": meta["generation"],
+            "labels": values(meta.get("labels")),
+            "annotations": values(meta.get("annotations")),
+        },
+        "whole": digest_of(&object.to_string()),
+    });
+    if let Some(spec) = object.get("spec") {
+        recorded["spec"] = small(spec, RECORDED_SPEC_BYTES);
+    }
+    recorded
+}
+
 /// A plugin build about to load (input of `stateward.plugins`). A ConfigMap build is decided
 /// twice: `before-compile`, on what the ConfigMap alone tells (name, digest, size, labels; no
 /// version or kinds yet), so a build the policy refuses is never compiled or run; and `loaded`,

@@ -24,6 +24,9 @@ pub struct Scene<'a> {
     pub api: Api<DynamicObject>,
     pub plugin: &'a str,
     pub now_ms: u64,
+    /// Checked again before each request is recorded and sent: a reconcile that began as
+    /// leader may outlive the Lease, and a new leader may be sending the same requests.
+    pub leadership: &'a crate::leader::Leadership,
 }
 
 /// Sends every request of `actions` that is due. Returns the resource as the API server
@@ -33,6 +36,10 @@ pub async fn dispatch(requests: &Arc<Requests>, scene: &Scene<'_>, actions: &[Ac
     let ledger = crate::requests::records(scene.resource);
     let mut stored: Option<Value> = None;
     for action in actions {
+        if !scene.leadership.is_leader() {
+            tracing::debug!("no longer the leader: the plan's remaining requests are not sent");
+            break;
+        }
         let (id, mode, timeout, prepared, audit) = match action {
             Action::Exec { request } => {
                 (&request.id, request.mode, request.timeout, exec(scene, request), audit_of(action, scene))
@@ -56,6 +63,7 @@ pub async fn dispatch(requests: &Arc<Requests>, scene: &Scene<'_>, actions: &[Ac
                     &format!("plugin/{}", scene.plugin),
                     &audit,
                     Response { id: id.clone(), error: Some(error), ..Response::default() },
+                    mode != RequestMode::Once,
                 );
                 continue;
             }
@@ -178,4 +186,76 @@ fn http(scene: &Scene<'_>, request: &Request<crate::runtime::HttpRequest>) -> Re
         body: h.body.clone(),
         auth,
     }))
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// Hardening-2 9: a replica that lost the Lease after its reconcile began sends none of
+    /// the plan's requests; the same plan is sent while it leads.
+    #[tokio::test]
+    async fn requests_are_sent_only_while_leading() {
+        let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().expect("url")))
+            .expect("client");
+        let sent = Arc::new(AtomicUsize::new(0));
+        let outcomes: crate::requests::Outcomes = {
+            let sent = Arc::clone(&sent);
+            Arc::new(move |o: &crate::requests::Outcome<'_>| {
+                if o.sent {
+                    sent.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        let settings = crate::requests::RequestSettings { per_resource: 4, total: 4, output_bytes: 1024 };
+        let requests = Requests::new(client.clone(), settings, outcomes);
+        let owner = Owner { kind: "PostgresCluster".into(), namespace: "db".into(), name: "main".into() };
+        let resource = serde_json::json!({ "metadata": { "name": "main", "namespace": "db" } });
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": { "name": "main-0", "namespace": "db" },
+            "status": { "containerStatuses": [{ "name": "postgres", "state": { "running": {} } }] },
+        });
+        let children = [pod];
+        let ar = kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("stateward.dev", "v1", "PostgresCluster"),
+            "postgresclusters",
+        );
+        let poll = Action::Exec {
+            request: Request {
+                id: "stats-main-0".into(),
+                mode: RequestMode::Every(Duration::from_secs(2)),
+                timeout: Duration::from_secs(1),
+                what: crate::runtime::ExecRequest {
+                    pod: "main-0".into(),
+                    container: "postgres".into(),
+                    command: vec!["true".into()],
+                    stdin: None,
+                },
+            },
+        };
+        for (leading, expected) in [(false, 0), (true, 1)] {
+            let (leadership, _keep) = crate::leader::Leadership::fixed(leading);
+            let scene = Scene {
+                owner: &owner,
+                resource: &resource,
+                children: &children,
+                api: Api::namespaced_with(client.clone(), "db", &ar),
+                plugin: "postgres",
+                now_ms: 0,
+                leadership: &leadership,
+            };
+            dispatch(&requests, &scene, std::slice::from_ref(&poll)).await;
+            let answered = async {
+                while sent.load(Ordering::SeqCst) < expected {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(5), answered).await.expect("the request was sent");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(sent.load(Ordering::SeqCst), expected, "leading: {leading}");
+        }
+    }
 }

@@ -26,7 +26,7 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Client, ResourceExt};
 
 pub use crate::children::{Children, INSTANCE_LABEL};
 pub use apply::{Applier, APPLIED_HASH, FIELD_MANAGER};
@@ -39,14 +39,16 @@ use crate::reload::Swap;
 use crate::requests::Requests;
 use crate::runtime::{LiveRegistry, Plugin, Registry, Sandbox};
 use crate::telemetry::{events, DebugState, Metrics};
+use crate::watched::Watched;
 
 /// The finalizer that guards every managed resource until its plugin says cleanup is done.
 pub const FINALIZER: &str = "stateward.dev/cleanup";
 
 /// How the controllers behave.
 pub struct ControllerSettings {
-    /// Watch only this namespace (needs only a namespaced Role); all namespaces when `None`.
-    pub namespace: Option<String>,
+    /// The namespaces watched: a controller per kind and namespace listed, or one per kind
+    /// for every namespace.
+    pub watched: Watched,
     /// This replica's identity (the reporting instance of its Events).
     pub identity: String,
     /// Reconciles running at once per kind.
@@ -199,6 +201,7 @@ where
     let registry: Registry = shared.registry.snapshot();
     let claims = claims::NameClaims::default();
     let mut built = Vec::new();
+    let mut counting = Vec::new();
     for plugin in registry.plugins() {
         for kind in &plugin.info().kinds {
             let storage = kind.storage_version().ok_or_else(|| RunError::NoStorageVersion {
@@ -213,33 +216,39 @@ where
                 api_resource: api_resource.clone(),
                 started_with: Arc::clone(&plugin),
             });
-            let ctx = Arc::new(Context {
-                client: shared.client.clone(),
-                kind: binding,
-                children: shared.children.clone(),
-                sandbox: Arc::clone(&shared.sandbox),
-                registry: Arc::clone(&shared.registry),
-                gate: Arc::clone(&shared.gate),
-                metrics: shared.metrics.clone(),
-                events: events::Events::new(shared.client.clone(), &settings.identity, api_resource.clone()),
-                findings: sweep::Findings::default(),
-                claims: claims.clone(),
-                applier: Arc::clone(&shared.applier),
-                backoff: backoff::Backoff::default(),
-                leadership: shared.leadership.clone(),
-                requests: Arc::clone(&shared.requests),
-                written: written::Written::default(),
-                issues_certificates: shared.keeper.is_some(),
-            });
             debug.set_watch(&kind.plural, true);
-            let api: Api<DynamicObject> = match &settings.namespace {
-                Some(ns) => Api::namespaced_with(shared.client.clone(), ns, &api_resource),
-                None => Api::all_with(shared.client.clone(), &api_resource),
-            };
-            let watching = Controller::new_with(api, watcher::Config::default(), api_resource.clone());
-            claims.add(&kind.kind, api_resource, watching.store());
-            let triggers = SwapTriggers::new(&shared.swaps, &kind.group, &kind.kind);
-            built.push((ctx, watching, triggers));
+            let mut stores = Vec::new();
+            for scope in settings.watched.scopes() {
+                let ctx = Arc::new(Context {
+                    client: shared.client.clone(),
+                    kind: Arc::clone(&binding),
+                    children: shared.children.clone(),
+                    sandbox: Arc::clone(&shared.sandbox),
+                    registry: Arc::clone(&shared.registry),
+                    gate: Arc::clone(&shared.gate),
+                    metrics: shared.metrics.clone(),
+                    events: events::Events::new(
+                        shared.client.clone(),
+                        &settings.identity,
+                        api_resource.clone(),
+                    ),
+                    findings: sweep::Findings::default(),
+                    claims: claims.clone(),
+                    applier: Arc::clone(&shared.applier),
+                    backoff: backoff::Backoff::default(),
+                    leadership: shared.leadership.clone(),
+                    requests: Arc::clone(&shared.requests),
+                    written: written::Written::default(),
+                    issues_certificates: shared.keeper.is_some(),
+                });
+                let api = crate::watched::api(&shared.client, scope.as_deref(), &api_resource);
+                let watching = Controller::new_with(api, watcher::Config::default(), api_resource.clone());
+                claims.add(&kind.kind, api_resource.clone(), watching.store());
+                stores.push(watching.store());
+                let triggers = SwapTriggers::new(&shared.swaps, &kind.group, &kind.kind);
+                built.push((ctx, watching, triggers));
+            }
+            counting.push(tokio::spawn(count_phases(stores, shared.metrics.clone(), kind.kind.clone())));
         }
     }
     // The certificate keeper writes too: it runs with the controllers, only while leading, and
@@ -261,6 +270,7 @@ where
     // Every kind's cache is in the claims before the first reconcile asks who holds a name.
     Ok(keeper
         .into_iter()
+        .chain(counting)
         .chain(built.into_iter().map(|(ctx, watching, triggers)| {
             let kind = ctx.kind.kind.clone();
             let running =
@@ -320,7 +330,6 @@ async fn controller(
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ar = ctx.kind.api_resource.clone();
-    let counting = count_phases(controller.store(), Arc::clone(&ctx));
     let (swept_tx, swept_rx) = tokio::sync::mpsc::unbounded_channel();
     let sweeping = sweep::run(
         Arc::clone(&ctx),
@@ -375,26 +384,29 @@ async fn controller(
                     tracing::debug!(error = %err, "controller event");
                 }
             });
-    // The counter and the sweep end with the controller: the select drops them when the run
-    // stream ends.
+    // The sweep ends with the controller: the select drops it when the run stream ends.
     tokio::select! {
         _ = running => {}
-        _ = counting => {}
         _ = sweeping => {}
     }
 }
 
-/// Keeps `stateward_managed_resources{kind,phase}` current from the controller's own cache.
-async fn count_phases(store: kube::runtime::reflector::Store<DynamicObject>, ctx: Arc<Context>) {
+/// Keeps `stateward_managed_resources{kind,phase}` current from the caches of the kind's
+/// controllers (one per namespace watched).
+async fn count_phases(
+    stores: Vec<kube::runtime::reflector::Store<DynamicObject>>,
+    metrics: Metrics,
+    kind: String,
+) {
     let mut tick = tokio::time::interval(Duration::from_secs(10));
     loop {
         tick.tick().await;
         let mut counts: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
-        for obj in store.state() {
+        for obj in stores.iter().flat_map(|s| s.state()) {
             let phase = obj.data.pointer("/status/phase").and_then(|p| p.as_str()).unwrap_or("Pending");
             *counts.entry(phase.to_string()).or_default() += 1;
         }
-        ctx.metrics.managed_resources(&ctx.kind.kind, &counts);
+        metrics.managed_resources(&kind, &counts);
     }
 }
 

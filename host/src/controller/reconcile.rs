@@ -100,6 +100,7 @@ async fn run(obj: &DynamicObject, ctx: &Context) -> Result<Requeue, Error> {
         api: cr_api(obj, ctx),
         plugin: plugin.name(),
         now_ms,
+        leadership: &ctx.leadership,
     };
     let recorded = dispatch::dispatch(&ctx.requests, &scene, &plan.actions).await;
     ctx.requests.retain(&owner, &planned_ids(&plan.actions));
@@ -405,8 +406,15 @@ async fn finalize(
     .inspect_err(|err| crate::guardrails::record_refusal(&ctx.gate.current(), plugin, resource, err))
     .map_err(Error::Plugin)?;
     check_guardrails(obj, ctx, plugin, resource, children, &cleanup.actions, None).await?;
-    let scene =
-        Scene { owner: &owner, resource, children, api: cr_api(obj, ctx), plugin: plugin.name(), now_ms };
+    let scene = Scene {
+        owner: &owner,
+        resource,
+        children,
+        api: cr_api(obj, ctx),
+        plugin: plugin.name(),
+        now_ms,
+        leadership: &ctx.leadership,
+    };
     dispatch::dispatch(&ctx.requests, &scene, &cleanup.actions).await;
     ctx.requests.retain(&owner, &planned_ids(&cleanup.actions));
     let certificates = Certificates { requested: requested_certificates(&cleanup.actions), names: None };

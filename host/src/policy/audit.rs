@@ -230,7 +230,20 @@ impl AuditLog {
     /// written, and the record it repeats is returned ([`super::repeats`]; the counts are
     /// written by [`Self::flush_repetitions`]).
     pub fn append_or_count(&self, rec: &DecisionRecord<'_>) -> Result<Appended, PolicyError> {
-        let (key, input_sha256) = repeats::key(rec);
+        self.append_or_count_as(rec, &rec.result)
+    }
+
+    /// [`Self::append_or_count`] for a record whose result carries details that differ on every
+    /// repetition (a poll's timings and output digest): `class` is the part of the result that
+    /// must be unchanged for the record to count as a repetition. A record written in full
+    /// keeps every detail.
+    pub fn append_or_count_as(
+        &self,
+        rec: &DecisionRecord<'_>,
+        class: &Value,
+    ) -> Result<Appended, PolicyError> {
+        let keyed = DecisionRecord { result: class.clone(), ..rec.clone() };
+        let (key, input_sha256) = repeats::key(&keyed);
         if let Some(original) = self.repeats().repeat(&key, jiff::Timestamp::now()) {
             return Ok(Appended::Repeated(original));
         }

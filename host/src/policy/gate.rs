@@ -218,7 +218,17 @@ impl Gate {
     /// `request` names it as its decision's input did, `outcome` says how it ended (exit code
     /// or status, error, sizes and a digest of the output, never the output itself). It is a
     /// record of the guardrails decision point without an evaluation.
-    pub fn record_outcome(&self, requested_by: &str, request: &Value, outcome: Value) -> Result<(), String> {
+    ///
+    /// With `class` (a poll's answer), answers whose class is unchanged (how the poll ended,
+    /// not its timings or output) are counted as repetitions of the first one written in full:
+    /// an idle resource's polls do not fill the log.
+    pub fn record_outcome(
+        &self,
+        requested_by: &str,
+        request: &Value,
+        outcome: Value,
+        class: Option<Value>,
+    ) -> Result<(), String> {
         let decision_id = uuid::Uuid::new_v4().to_string();
         let rec = DecisionRecord {
             decision_id: &decision_id,
@@ -232,7 +242,14 @@ impl Gate {
             requested_by,
             eval_ns: 0,
         };
-        self.audit.append(&rec).map(drop).map_err(|e| e.to_string())
+        let Some(class) = class else {
+            return self.audit.append(&rec).map(drop).map_err(|e| e.to_string());
+        };
+        match self.audit.append_or_count_as(&rec, &json!({ "outcome": class })) {
+            Ok(Appended::Written(_)) => self.audit.sync().map_err(|e| e.to_string()),
+            Ok(Appended::Repeated(_)) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     /// Records a plan the host refused before asking policy (too many requests, too much
@@ -301,7 +318,12 @@ impl Gate {
         input: &Value,
     ) -> Verdict {
         let ev = self.evaluate(point, input);
-        self.enforce_and_audit(ctx, requested_by, point, input, ev, true)
+        // An admission record keeps what the rules read of the objects, not the objects.
+        let recorded = match point {
+            DecisionPoint::Admission => std::borrow::Cow::Owned(crate::policy_input::admission_record(input)),
+            _ => std::borrow::Cow::Borrowed(input),
+        };
+        self.enforce_and_audit(ctx, requested_by, point, &recorded, ev, true)
     }
 
     fn evaluate(&self, point: DecisionPoint, input: &Value) -> Layered {

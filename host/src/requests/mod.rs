@@ -121,6 +121,39 @@ pub struct Outcome<'a> {
     pub response: &'a Response,
     /// False when the target could not be resolved and nothing was sent.
     pub sent: bool,
+    /// A poll's answer (asked again every interval), not a one-shot request's.
+    pub poll: bool,
+}
+
+impl Outcome<'_> {
+    /// How the request ended, as the audit records it: exit code or status, error, the sizes
+    /// and a digest of its output (never the output itself), when and how long.
+    pub fn audited(&self) -> Value {
+        use sha2::Digest as _;
+        let r = self.response;
+        serde_json::json!({
+            "id": r.id,
+            "sent": self.sent,
+            "code": r.code,
+            "error": r.error,
+            "stdoutBytes": r.stdout.len(),
+            "stdoutSha256": hex::encode(sha2::Sha256::digest(r.stdout.as_bytes())),
+            "stderrBytes": r.stderr.len(),
+            "truncated": r.truncated,
+            "startedAtMs": r.started_at_ms,
+            "durationMs": r.duration_ms,
+        })
+    }
+
+    /// A poll's answers repeat while nothing changes: what must change for one to be written
+    /// again (how it ended, not its output, timings or sizes). None for a one-shot request,
+    /// every answer of which is written.
+    pub fn class(&self) -> Option<Value> {
+        let r = self.response;
+        self.poll.then(|| {
+            serde_json::json!({ "id": r.id, "sent": self.sent, "code": r.code, "error": r.error, "truncated": r.truncated })
+        })
+    }
 }
 
 /// What is done with every answer, sent or not (the operator audits it and counts it).
@@ -212,6 +245,7 @@ impl Requests {
                 audit: &submission.audit,
                 response: &response,
                 sent: true,
+                poll: submission.mode != RequestMode::Once,
             });
             if let Some(ledger) = &submission.ledger {
                 ledger.answered(&response).await;
@@ -259,9 +293,16 @@ impl Requests {
     }
 
     /// Records an answer without sending anything (the target could not be resolved); it is
-    /// audited like the answer of a request that was sent.
-    pub fn answer_now(&self, owner: &Owner, requested_by: &str, audit: &Value, response: Response) {
-        (self.outcomes)(&Outcome { requested_by, audit, response: &response, sent: false });
+    /// audited like the answer of a request that was sent. `poll`: see [`Outcome::poll`].
+    pub fn answer_now(
+        &self,
+        owner: &Owner,
+        requested_by: &str,
+        audit: &Value,
+        response: Response,
+        poll: bool,
+    ) {
+        (self.outcomes)(&Outcome { requested_by, audit, response: &response, sent: false, poll });
         let mut book = self.book.lock().unwrap_or_else(PoisonError::into_inner);
         let entry = book.entry(owner.clone()).or_default().entry(response.id.clone()).or_default();
         entry.answer = Some(response);
@@ -362,6 +403,7 @@ mod tests {
             "plugin/test",
             &Value::Null,
             Response { id: "poll".into(), code: Some(0), ..Response::default() },
+            true,
         );
         assert!(!r.due(&owner(), "poll", every), "answered within its interval");
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -458,12 +500,14 @@ mod tests {
             "plugin/test",
             &Value::Null,
             Response { id: "old".into(), ..Response::default() },
+            true,
         );
         r.answer_now(
             &owner(),
             "plugin/test",
             &Value::Null,
             Response { id: "kept".into(), ..Response::default() },
+            true,
         );
         r.retain(&owner(), &["kept"].into_iter().collect());
         let ids: Vec<String> = r.responses(&owner(), &[]).into_iter().map(|a| a.id).collect();
@@ -498,6 +542,7 @@ mod tests {
             "plugin/test",
             &Value::Null,
             Response { id: "fine".into(), code: Some(0), ..Response::default() },
+            true,
         );
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(r.due(&owner(), "fine", every), "answered: due after its interval");

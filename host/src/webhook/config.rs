@@ -85,8 +85,8 @@ pub fn crd_conversion(endpoint: &Endpoint, ca_bundle: Option<&str>) -> Value {
 pub struct Scope<'a> {
     /// Object name of the configuration (cluster-scoped).
     pub name: &'a str,
-    /// Only this namespace (operator in `--namespace` mode); all namespaces when `None`.
-    pub namespace: Option<&'a str>,
+    /// Only these namespaces (operator in `--namespace` mode); all namespaces when empty.
+    pub namespaces: &'a [String],
 }
 
 /// The ValidatingWebhookConfiguration for `kinds`: CREATE, UPDATE and DELETE of each kind at
@@ -120,9 +120,9 @@ pub fn validating_configuration(
         "rules": rules,
         "clientConfig": endpoint.client_config(VALIDATE_PATH, ca_bundle),
     });
-    if let Some(ns) = scope.namespace {
+    if !scope.namespaces.is_empty() {
         webhook["namespaceSelector"] = json!({
-            "matchExpressions": [{ "key": "kubernetes.io/metadata.name", "operator": "In", "values": [ns] }],
+            "matchExpressions": [{ "key": "kubernetes.io/metadata.name", "operator": "In", "values": scope.namespaces }],
         });
     }
     json!({
@@ -269,9 +269,32 @@ mod tests {
 
     #[test]
     fn the_configuration_leaves_the_installers_label_alone() {
-        let scope = Scope { name: "stateward", namespace: None };
+        let scope = Scope { name: "stateward", namespaces: &[] };
         let vwc = validating_configuration(&scope, &Endpoint::default(), &[], Some("Q0E="));
         assert_eq!(vwc["metadata"]["labels"], json!({ "app.kubernetes.io/name": "stateward" }));
+    }
+
+    /// A set of namespaces watched: admission covers exactly them.
+    #[test]
+    fn the_configuration_selects_the_namespaces_watched() {
+        let names = ["billing".to_string(), "shop".to_string()];
+        let vwc = validating_configuration(
+            &Scope { name: "stateward", namespaces: &names },
+            &Endpoint::default(),
+            &[],
+            None,
+        );
+        assert_eq!(
+            vwc["webhooks"][0]["namespaceSelector"]["matchExpressions"][0],
+            json!({ "key": "kubernetes.io/metadata.name", "operator": "In", "values": ["billing", "shop"] })
+        );
+        let all = validating_configuration(
+            &Scope { name: "stateward", namespaces: &[] },
+            &Endpoint::default(),
+            &[],
+            None,
+        );
+        assert!(all["webhooks"][0].get("namespaceSelector").is_none());
     }
 
     fn configuration() -> Value {

@@ -5,6 +5,7 @@
 //!
 //! - [`admission`]: `plugin.validate` then `data.stateward.admission`, audited.
 //! - [`conversion`]: `plugin.convert` for the CRDs' versions.
+//! - [`intake`]: a review's body bounded in size, memory and time before it takes a slot.
 //! - [`tls`]: rustls with a certificate resolver swapped on rotation; the accept loop.
 //! - [`certs`]: the built-in CA and serving certificate in a Secret, renewed under a threshold.
 //! - [`certmanager`]: `--cert-manager` mode (cert-manager issues, the operator serves).
@@ -19,6 +20,7 @@ pub mod certmanager;
 pub mod certs;
 pub mod config;
 pub mod conversion;
+pub mod intake;
 pub mod tls;
 
 use std::future::Future;
@@ -116,8 +118,8 @@ pub struct WebhookSettings {
     pub secret: String,
     /// Name of the ValidatingWebhookConfiguration.
     pub configuration: String,
-    /// Scope the admission webhook to this namespace only (`--namespace` mode).
-    pub watch_namespace: Option<String>,
+    /// The admission webhook covers these namespaces only (`--namespace` mode).
+    pub watched: crate::watched::Watched,
     pub configure: Configure,
     pub cert_manager: bool,
     pub policy: CertPolicy,
@@ -139,35 +141,10 @@ impl WebhookSettings {
     }
 }
 
-/// Largest review body accepted.
-pub const REVIEW_BODY_LIMIT: usize = 8 << 20;
-
 /// How long one review may take in the server, its body read included: less than the API
 /// server waits ([`config::TIMEOUT_SECONDS`]), so a slow or flooding client is cut off and
 /// answered before the API server gives up on a legitimate request.
 pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(8);
-/// Reviews evaluated at once; more wait (within [`REVIEW_TIMEOUT`]) instead of crowding the
-/// plugins' sandbox and the policy engine.
-pub const REVIEWS_AT_ONCE: usize = 16;
-
-/// Bounds every request: it waits for one of the review slots and must finish within the
-/// timeout, or gets 503 (the API server applies the webhook's failure policy).
-async fn bounded(
-    State((slots, timeout)): State<(Arc<tokio::sync::Semaphore>, Duration)>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse as _;
-    let work = async {
-        let _slot = slots.acquire_owned().await.ok()?;
-        Some(next.run(request).await)
-    };
-    match tokio::time::timeout(timeout, work).await {
-        Ok(Some(response)) => response,
-        _ => (axum::http::StatusCode::SERVICE_UNAVAILABLE, "the review did not finish within its time")
-            .into_response(),
-    }
-}
 
 /// The HTTP routes; handlers only extract and delegate.
 pub fn router(webhook: Arc<Webhook>) -> Router {
@@ -181,17 +158,9 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
         .route(config::VALIDATE_PATH, post(validate))
         .route(config::CONVERT_PATH, post(convert))
         .route("/healthz", get(|| async { "ok" }))
-        // An AdmissionReview carries the object and the old object (each up to etcd's 1.5 MB).
-        .layer(axum::extract::DefaultBodyLimit::max(REVIEW_BODY_LIMIT))
+        .layer(axum::extract::DefaultBodyLimit::max(intake::REVIEW_BODY_LIMIT))
         .with_state(webhook);
-    bound_reviews(routes, REVIEW_TIMEOUT)
-}
-
-/// `routes` with every request bounded by [`bounded`]: [`REVIEWS_AT_ONCE`], each within
-/// `timeout`.
-fn bound_reviews(routes: Router, timeout: Duration) -> Router {
-    let slots = Arc::new(tokio::sync::Semaphore::new(REVIEWS_AT_ONCE));
-    routes.layer(axum::middleware::from_fn_with_state((slots, timeout), bounded))
+    intake::bounded(routes, REVIEW_TIMEOUT, intake::Budgets::default())
 }
 
 /// Binds the webhook port (before anything else, so a taken port fails the start).
@@ -369,8 +338,7 @@ async fn configure(
 ) -> Result<(), WebhookError> {
     let inject_from = settings.cert_manager.then(|| certmanager::inject_ca_from(&settings.namespace));
     if matches!(settings.configure, Configure::All | Configure::Validating) {
-        let scope =
-            config::Scope { name: &settings.configuration, namespace: settings.watch_namespace.as_deref() };
+        let scope = config::Scope { name: &settings.configuration, namespaces: settings.watched.names() };
         let refs: Vec<&KindInfo> = kinds.iter().collect();
         let mut vwc = config::validating_configuration(&scope, &settings.endpoint, &refs, Some(bundle));
         if let Some(from) = &inject_from {
@@ -403,36 +371,6 @@ async fn configure(
 #[allow(clippy::expect_used)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn a_review_whose_body_never_completes_is_answered_503_within_the_timeout() {
-        use axum::body::Body;
-        use tower::ServiceExt as _;
-        async fn echo(body: String) -> String {
-            body
-        }
-        let routes = bound_reviews(Router::new().route("/", post(echo)), Duration::from_millis(300));
-        // A body that promises 100 bytes and sends 10, then nothing.
-        let (mut tx, body) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
-        use futures::SinkExt as _;
-        tx.send(Ok(vec![b'x'; 10])).await.expect("send");
-        let request = axum::http::Request::post("/")
-            .header("content-length", "100")
-            .body(Body::from_stream(body))
-            .expect("request");
-        let started = Instant::now();
-        let response = tokio::time::timeout(Duration::from_secs(5), routes.clone().oneshot(request))
-            .await
-            .expect("answered, not left hanging")
-            .expect("infallible");
-        assert_eq!(response.status(), axum::http::StatusCode::SERVICE_UNAVAILABLE);
-        assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
-        // A complete body within the time is served.
-        let request = axum::http::Request::post("/").body(Body::from("ok")).expect("request");
-        let response = routes.oneshot(request).await.expect("infallible");
-        assert_eq!(response.status(), axum::http::StatusCode::OK);
-        drop(tx);
-    }
 
     #[test]
     fn a_new_ca_is_trusted_beside_the_previous_one_for_a_while() {

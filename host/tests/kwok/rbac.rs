@@ -872,6 +872,16 @@ fn bind_account(env: &TestEnv, edit: impl Fn(&mut Value)) -> anyhow::Result<()> 
 /// `stateward run --namespace` as the bound ServiceAccount (a token in a kubeconfig of its
 /// own), until it is ready (leader, caches synced). Also returns its scratch directory.
 async fn start_operator(env: &TestEnv, plugins: &Path) -> anyhow::Result<(Operator, PathBuf)> {
+    start_operator_watching(env, plugins, &env.namespace).await
+}
+
+/// [`start_operator`] watching `watched` (`--namespace`: one namespace or a comma-separated
+/// list), its Lease and account in the test's namespace.
+async fn start_operator_watching(
+    env: &TestEnv,
+    plugins: &Path,
+    watched: &str,
+) -> anyhow::Result<(Operator, PathBuf)> {
     let ns = env.namespace.clone();
     // A token for the ServiceAccount, in a kubeconfig the operator runs with.
     let request = TokenRequest {
@@ -905,7 +915,7 @@ async fn start_operator(env: &TestEnv, plugins: &Path) -> anyhow::Result<(Operat
         .args([
             "run",
             "--namespace",
-            &ns,
+            watched,
             "--lease-namespace",
             &ns,
             "--identity",
@@ -1210,5 +1220,110 @@ async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
     ensure!(forbidden.is_empty(), "the operator was refused something:\n{}", forbidden.join("\n"));
     ensure!(text.contains("became leader"), "no leadership in the log:\n{}", operator.tail(20));
     println!("operator log: {} lines, none forbidden; {ours} events published", text.lines().count());
+    Ok(())
+}
+
+/// [hardening-2] 2: the operator watching two namespaces (`--namespace a,b`) with the
+/// namespaced Role and its binding in each and nothing cluster-wide reconciles a resource in
+/// both, never touches one in a third namespace, is refused nothing, and may not read Secrets
+/// or make StatefulSets or ConfigMaps in that third namespace (asked of the API server's
+/// authorizer, as `kubectl auth can-i` does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_of_namespaces_is_watched_with_a_role_in_each_and_nothing_elsewhere() -> anyhow::Result<()> {
+    let plugins = plugin_dir()?;
+    let a = TestEnv::new("rbac-multi-a").await?;
+    let b = TestEnv::new("rbac-multi-b").await?;
+    let c = TestEnv::new("rbac-multi-c").await?;
+    apply_crds(&a)?;
+    bind_account(&a, |_| {})?;
+    // In b: the watched namespace's Role, bound to the account of a.
+    let mut objects = Vec::new();
+    for file in ["deploy/rbac/namespaced/role.yaml", "deploy/rbac/namespaced/rolebinding.yaml"] {
+        for mut object in load(file)? {
+            object["metadata"]["namespace"] = json!(b.namespace);
+            if object["kind"] == "RoleBinding" {
+                object["subjects"] =
+                    json!([{ "kind": "ServiceAccount", "name": "stateward", "namespace": a.namespace }]);
+            }
+            objects.push(object);
+        }
+    }
+    let mut cmd = a.kubectl();
+    cmd.args(["apply", "--server-side", "-f", "-"]);
+    kubectl_output(cmd, Some(&json!({ "apiVersion": "v1", "kind": "List", "items": objects }).to_string()))?;
+
+    let user = format!("system:serviceaccount:{}:stateward", a.namespace);
+    let groups = vec!["system:serviceaccounts".to_string(), "system:authenticated".to_string()];
+    let started = Instant::now();
+    while !may(&a, &user, &groups, (&b.namespace, "apps", "statefulsets", "create", "")).await? {
+        ensure!(started.elapsed() < Duration::from_secs(20), "the Role in b never took effect");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let elsewhere = c.namespace.as_str();
+    let denied: [Access<'_>; 6] = [
+        (elsewhere, "", "secrets", "list", ""),
+        (elsewhere, "", "secrets", "get", ""),
+        (elsewhere, "apps", "statefulsets", "create", ""),
+        (elsewhere, "", "configmaps", "create", ""),
+        (elsewhere, "apps", "statefulsets", "list", ""),
+        ("", "", "secrets", "list", ""),
+    ];
+    for access in denied {
+        let (namespace, group, resource, verb, _) = access;
+        ensure!(
+            !may(&a, &user, &groups, access).await?,
+            "the account may {verb} {group}/{resource} in {namespace:?}, which it does not watch"
+        );
+    }
+
+    let watched = format!("{},{}", a.namespace, b.namespace);
+    let (operator, _dir) = start_operator_watching(&a, &plugins, &watched).await?;
+    for env in [&a, &b, &c] {
+        let mut cmd = env.kubectl();
+        cmd.args(["-n", &env.namespace, "apply", "-f", "-"]);
+        kubectl_output(cmd, Some(&sample_without_servers()?))?;
+    }
+    let started = Instant::now();
+    for env in [&a, &b] {
+        let crs = redis_api(env);
+        loop {
+            let cr = crs.get("cache").await?;
+            let phase =
+                cr.data.pointer("/status/phase").and_then(Value::as_str).unwrap_or_default().to_string();
+            if !phase.is_empty() && !cr.metadata.finalizers.clone().unwrap_or_default().is_empty() {
+                println!(
+                    "{}: RedisCluster cache {phase} {:.1?} after apply",
+                    env.namespace,
+                    started.elapsed()
+                );
+                break;
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(120),
+                "{}: the RedisCluster was never reconciled:\n{}",
+                env.namespace,
+                operator.tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    // Both watched namespaces reconciled; the third one's resource is left as it was made.
+    let untouched = redis_api(&c).get("cache").await?;
+    ensure!(
+        untouched.data.get("status").is_none_or(Value::is_null)
+            && untouched.metadata.finalizers.clone().unwrap_or_default().is_empty(),
+        "the resource in {elsewhere}, not watched, was touched: {:?}",
+        untouched.data.get("status")
+    );
+    let refused = forbidden_lines(&operator.log_text());
+    ensure!(refused.is_empty(), "the operator was refused something:\n{}", refused.join("\n"));
+    drop(operator);
+    for env in [&a, &b] {
+        let _ = env
+            .kubectl()
+            .args(["-n", &env.namespace, "patch", "redisclusters", "cache", "--type=merge"])
+            .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
+            .output();
+    }
     Ok(())
 }

@@ -610,3 +610,96 @@ fn unchanged_repetitions_of_a_plan_are_counted_and_written_once_per_flush() {
     assert_eq!(lines(&log).len(), 10, "forgotten after two idle periods: written in full again");
     assert!(stateward::policy::cli::verify_audit(&log).expect("verify"));
 }
+
+/// [agent]'s quiet audit: a poll's answers that end as the last written one did (its output,
+/// timings and sizes changed, as an idle server's do) are counted as repetitions of it; an
+/// answer that ends otherwise is written in full, and so is every answer of a one-shot
+/// request. The chain verifies.
+#[test]
+fn a_polls_unchanged_answers_are_counted_and_a_changed_one_written() {
+    use stateward::requests::Outcome;
+    use stateward::runtime::Response;
+    let dir = tempdir("poll-outcomes");
+    let log = dir.join("audit.jsonl");
+    let gate = gate_to(&log, shipped());
+    let request = json!({ "verb": "exec", "pod": "pg-0", "container": "postgres", "command": ["psql"] });
+    let record = |response: &Response, poll: bool| {
+        let outcome =
+            Outcome { requested_by: "plugin/postgres", audit: &request, response, sent: true, poll };
+        gate.record_outcome(outcome.requested_by, &request, outcome.audited(), outcome.class())
+            .expect("audited");
+    };
+    let answer = |i: u64, code: i32, stdout: &str| Response {
+        id: "stats-pg-0".into(),
+        code: Some(code),
+        stdout: format!("{stdout}|0/30{i:05}"),
+        started_at_ms: 1_700_000_000_000 + i * 2_000,
+        duration_ms: 40 + i,
+        ..Response::default()
+    };
+    for i in 0..5 {
+        record(&answer(i, 0, "f"), true);
+    }
+    let recs = lines(&log);
+    assert_eq!(recs.len(), 1, "one poll answer written in full: {recs:#?}");
+    assert_eq!(recs[0]["result"]["outcome"]["durationMs"], 40, "the first one with its details");
+    record(&answer(5, 2, "f"), true);
+    assert_eq!(lines(&log).len(), 2, "an answer that ends otherwise is written");
+    for i in 6..8 {
+        record(&answer(i, 0, "f"), false);
+    }
+    assert_eq!(lines(&log).len(), 4, "every answer of a one-shot request is written");
+    assert_eq!(gate.flush_repetitions(), Ok(1));
+    let recs = lines(&log);
+    assert_eq!(recs[4]["input"]["repetition_of"]["decision_id"], recs[0]["decision_id"]);
+    assert_eq!(recs[4]["result"]["count"], 4);
+    assert!(stateward::policy::cli::verify_audit(&log).expect("verify"));
+}
+
+/// [hardening-2] 3: an admission record keeps what the rules read of the objects (metadata,
+/// spec), not the objects: a large spec and a large annotation are kept as their digest and
+/// size, status and managed fields not at all, and the whole object as its digest. The rules
+/// still decide on the whole object (the large spec's `deletionProtection` denies).
+#[test]
+fn an_admission_record_keeps_digests_of_large_objects_not_the_objects() {
+    let dir = tempdir("admit-record");
+    let log = dir.join("audit.jsonl");
+    let gate = gate_to(&log, shipped());
+    let padding = "x".repeat(1 << 20);
+    let object = |protected: bool| {
+        json!({
+            "apiVersion": "stateward.dev/v1alpha1", "kind": "PostgresCluster",
+            "metadata": {
+                "name": "pg", "namespace": "shop", "uid": "u-1",
+                "labels": { "team": "a" },
+                "annotations": { "kubectl.kubernetes.io/last-applied-configuration": padding, "note": "small" },
+                "managedFields": [{ "manager": "kubectl", "fieldsV1": { "f:spec": padding } }],
+            },
+            "spec": { "replicas": 3, "deletionProtection": protected, "parameters": { "pad": padding } },
+            "status": { "phase": "Running", "pad": padding },
+        })
+    };
+    let req = AdmissionRequest {
+        operation: "UPDATE".into(),
+        user_info: UserInfo { username: "bob".into(), groups: vec!["developers".into()] },
+        object: object(false),
+        old_object: object(true),
+        dry_run: false,
+    };
+    let verdict = gate.admit(&ctx(), &req);
+    assert!(verdict.denied.iter().any(|d| d.contains("deletion")), "{:?}", verdict.denied);
+    let text = std::fs::read_to_string(&log).expect("audit log");
+    assert!(text.len() < 8 * 1024, "a record of {} bytes", text.len());
+    let rec = &lines(&log)[0];
+    let old = &rec["input"]["oldObject"];
+    assert_eq!(old["metadata"]["name"], "pg");
+    assert_eq!(old["metadata"]["labels"], json!({ "team": "a" }));
+    assert_eq!(old["metadata"]["annotations"]["note"], "small");
+    let applied = &old["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"];
+    assert_eq!(applied["bytes"].as_u64(), Some(padding.len() as u64 + 2), "{applied}");
+    assert_eq!(old["spec"]["sha256"].as_str().map(str::len), Some(64), "{}", old["spec"]);
+    assert_eq!(old["whole"]["sha256"].as_str().map(str::len), Some(64));
+    assert!(old.get("status").is_none() && old["metadata"].get("managedFields").is_none());
+    assert_ne!(rec["input"]["object"]["whole"], old["whole"], "each object its own digest");
+    assert!(stateward::policy::cli::verify_audit(&log).expect("verify"));
+}

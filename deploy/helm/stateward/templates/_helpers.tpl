@@ -18,7 +18,7 @@ patches of deploy/rbac/namespaced and deploy/observability/operator-otel put the
 {{- define "stateward.extraEnv" -}}
 {{- if eq .Values.scope "namespace" }}
             - name: STATEWARD_NAMESPACE
-              value: {{ .Values.watchNamespace | quote }}
+              value: {{ include "stateward.watched" . | fromJsonArray | join "," | quote }}
 {{- end }}
 {{- with .Values.otlp.endpoint }}
             - name: OTEL_EXPORTER_OTLP_ENDPOINT
@@ -50,3 +50,8 @@ patches of deploy/rbac/namespaced and deploy/observability/operator-otel put the
 {{- define "stateward.policyDataName" -}}
 stateward-policy-data-{{ .Values.policyFloorData | sha256sum | trunc 10 }}
 {{- end -}}
+
+{{- /* The namespaces watched in scope namespace, as a JSON array: watchNamespaces, or watchNamespace alone. */ -}}
+{{- define "stateward.watched" -}}
+{{- if .Values.watchNamespaces }}{{ toJson .Values.watchNamespaces }}{{ else }}{{ list .Values.watchNamespace | toJson }}{{ end -}}
+{{- end }}
