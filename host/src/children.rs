@@ -264,13 +264,13 @@ impl Children {
         }
         let mut parts = Vec::new();
         for scope in self.inner.watched.scopes() {
-            parts.push(self.watch(api_version, kind, &resource, scope).await?);
+            parts.push(self.start_watch(api_version, kind, &resource, scope).await?);
         }
         Ok(Cached { resource, parts })
     }
 
     /// Starts the watch of one kind in `scope` and waits for its first list.
-    async fn watch(
+    async fn start_watch(
         &self,
         api_version: &str,
         kind: &str,

@@ -242,7 +242,7 @@ mod tests {
                 owner: &owner,
                 resource: &resource,
                 children: &children,
-                api: Api::namespaced_with(client.clone(), "db", &ar),
+                api: crate::watched::api(&client, Some("db"), &ar),
                 plugin: "postgres",
                 now_ms: 0,
                 leadership: &leadership,

@@ -157,36 +157,27 @@ impl Reloader {
             },
             Err(rejection) => Err(rejection),
         };
-        match vetted {
+        // /debug/plugins says what came of the build as soon as it is counted, before its Event
+        // (an API call, slow on a busy machine).
+        let (kind, reason, message) = match vetted {
             Ok((plugin, new_child_kinds)) => {
                 rejected.remove(&cm_name);
                 active.insert(plugin.name().to_string(), cm_name.clone());
                 self.swap(Arc::new(plugin), &cm_name, started.elapsed(), new_child_kinds);
-                self.event(
-                    cm,
-                    EventType::Normal,
-                    "PluginLoaded",
-                    &format!(
-                        "loaded from binaryData[\"{}\"]",
-                        plugins::shipped(cm).map_or(plugins::WASM_KEY, |(key, _)| key)
-                    ),
-                )
-                .await;
+                let key = plugins::shipped(cm).map_or(plugins::WASM_KEY, |(key, _)| key);
+                (EventType::Normal, "PluginLoaded", format!("loaded from binaryData[\"{key}\"]"))
             }
             Err(rejection) => {
                 tracing::warn!(configmap = %cm_name, plugin = %rejection.plugin, reason = rejection.reason, message = %rejection.message, "plugin rejected; the previous build keeps serving");
                 self.metrics.plugin_load_failure(&rejection.plugin, rejection.reason);
-                self.event(
-                    cm,
-                    EventType::Warning,
-                    "PluginRejected",
-                    &format!("{}: {}; the previous build keeps serving", rejection.reason, rejection.message),
-                )
-                .await;
+                let message =
+                    format!("{}: {}; the previous build keeps serving", rejection.reason, rejection.message);
                 rejected.insert(cm_name, rejection);
+                (EventType::Warning, "PluginRejected", message)
             }
-        }
+        };
         self.publish_plugins(rejected);
+        self.event(cm, kind, reason, &message).await;
     }
 
     /// Serves `plugin` from now on; the controllers restart when it brings kinds (its own or

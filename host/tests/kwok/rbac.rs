@@ -73,7 +73,7 @@ const PERMISSIONS: &[Grant] = &[
         resources: CHILDREN,
         verbs: &["list", "watch"],
         names: &[],
-        code: "children.rs: Children::start — watcher(Api::all_with|namespaced_with) per owned kind, \
+        code: "children.rs: Children::start — watcher(watched::api: all_with|namespaced_with) per owned kind and scope, \
                label selector stateward.dev/instance, after a list of one; and \
                controller/apply.rs: Applier::apply — list_metadata by metadata.name before creating",
     },
@@ -141,7 +141,7 @@ const PERMISSIONS: &[Grant] = &[
         verbs: &["list", "watch"],
         names: &[],
         code:
-            "controller/mod.rs: start_controllers() — Controller::new_with(Api::all_with|namespaced_with); \
+            "controller/mod.rs: start_controllers() — Controller::new_with(watched::api) per watched scope; \
                webhook/admission.rs: name_taken — list_metadata by metadata.name of the other kinds on CREATE",
     },
     Grant {
@@ -245,10 +245,11 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     // a field selector on the name: the list permission the caches need, no get).
     ("controller/apply.rs", ".list_metadata(", 1),
     // The child caches: discovery of an owned kind, a list of one to prove the permission,
-    // then the watch (Api::namespaced_with or Api::all_with).
+    // then the watch, in each watched scope (watched.rs: Api::namespaced_with, or
+    // Api::all_with for every namespace).
     ("children.rs", "watcher(", 1),
-    ("children.rs", "Api::namespaced", 1),
-    ("children.rs", "Api::all", 1),
+    ("watched.rs", "Api::namespaced", 1),
+    ("watched.rs", "Api::all", 1),
     ("children.rs", ".list_metadata(", 1),
     ("children.rs", "pinned_kind", 1),
     ("children.rs", "discovery::", 2),
@@ -261,8 +262,7 @@ const API_CALLS: &[(&str, &str, usize)] = &[
     // A plan's exec request through the API server (pods/exec).
     ("requests/exec.rs", ".exec(", 1),
     ("requests/exec.rs", "Api::namespaced", 1),
-    ("controller/mod.rs", "Api::namespaced", 1),
-    ("controller/mod.rs", "Api::all", 1),
+    // A controller per kind and watched scope (its Api from watched.rs).
     ("controller/mod.rs", "Controller::new", 1),
     // patch_cr (finalizer).
     ("controller/reconcile.rs", ".patch(", 1),
