@@ -218,6 +218,25 @@ fn the_chart_lints_and_installs_what_kustomize_installs_for_each_scope() {
         ns.contains_key("Role databases/stateward") && ns.contains_key("RoleBinding databases/stateward")
     );
     assert!(!ns.keys().any(|k| k == "ClusterRole /stateward" || k == "ClusterRoleBinding /stateward"));
+    // A set of namespaces: the Role and its binding in each, the operator told to watch them,
+    // nothing cluster-wide.
+    let set = ["scope=namespace", "watchNamespaces={shop,billing}"];
+    let two = objects(&template_ok(&set));
+    for ns in ["shop", "billing"] {
+        assert!(
+            two.contains_key(&format!("Role {ns}/stateward")) && two.contains_key(&format!("RoleBinding {ns}/stateward")),
+            "no Role and binding in {ns}: {:?}",
+            two.keys().collect::<Vec<_>>()
+        );
+    }
+    assert!(!two.keys().any(|k| k == "ClusterRole /stateward" || k == "ClusterRoleBinding /stateward"));
+    assert!(!two.keys().any(|k| k.starts_with("Role databases/")), "watchNamespace left in: {:?}", two.keys());
+    let (_, container) = operator_container(&set);
+    let env = container["env"].as_array().cloned().unwrap_or_default();
+    assert!(
+        env.iter().any(|e| e["name"] == "STATEWARD_NAMESPACE" && e["value"] == "shop,billing"),
+        "{env:?}"
+    );
     let otlp = "otlp.endpoint=http://otel-collector.stateward-observability.svc:4318";
     assert_same_objects("otlp", &["observability/operator-otel"], &[otlp]);
     // The local real-pods cluster's install: its image, never pulled, and the floor's data
@@ -355,6 +374,7 @@ fn values_the_schema_refuses_name_their_field() {
         ("replicas=0", "replicas"),
         ("replica=2", "replica"),
         ("watchNamespace=Not_A_Name", "watchNamespace"),
+        ("watchNamespaces={ok,Not_A_Name}", "watchNamespaces"),
         ("audit.sink=syslog", "sink"),
         ("pluginPins[0]=redis", "pluginPins"),
         ("otlp.endpoint=collector:4318", "endpoint"),
