@@ -243,18 +243,19 @@ impl AuditLog {
         class: &Value,
     ) -> Result<Appended, PolicyError> {
         let keyed = DecisionRecord { result: class.clone(), ..rec.clone() };
-        let (key, input_sha256) = repeats::key(&keyed);
+        let key = repeats::key(&keyed);
         if let Some(original) = self.repeats().repeat(&key, jiff::Timestamp::now()) {
             return Ok(Appended::Repeated(original));
         }
         let (seq, hash) = self.write(rec, false)?;
         let original = Original { decision_id: rec.decision_id.to_string(), seq, hash };
-        self.repeats().remember(key, input_sha256, rec, original);
+        self.repeats().remember(key, rec, original);
         Ok(Appended::Written(seq))
     }
 
-    /// Writes (and syncs) one record per decision repeated since the last flush: its count,
-    /// first and last time, naming the record it repeats. Called every period, on losing
+    /// Writes (and syncs) the repetitions counted since the last flush: one record per decision
+    /// point, requester and bundle, a row per decision repeated naming the record it repeats
+    /// with its count and first and last time ([`repeats`]). Called every period, on losing
     /// leadership and at shutdown. Returns how many records were written.
     pub fn flush_repetitions(&self) -> Result<usize, PolicyError> {
         let taken = self.repeats().take();

@@ -224,13 +224,18 @@ fn the_chart_lints_and_installs_what_kustomize_installs_for_each_scope() {
     let two = objects(&template_ok(&set));
     for ns in ["shop", "billing"] {
         assert!(
-            two.contains_key(&format!("Role {ns}/stateward")) && two.contains_key(&format!("RoleBinding {ns}/stateward")),
+            two.contains_key(&format!("Role {ns}/stateward"))
+                && two.contains_key(&format!("RoleBinding {ns}/stateward")),
             "no Role and binding in {ns}: {:?}",
             two.keys().collect::<Vec<_>>()
         );
     }
     assert!(!two.keys().any(|k| k == "ClusterRole /stateward" || k == "ClusterRoleBinding /stateward"));
-    assert!(!two.keys().any(|k| k.starts_with("Role databases/")), "watchNamespace left in: {:?}", two.keys());
+    assert!(
+        !two.keys().any(|k| k.starts_with("Role databases/")),
+        "watchNamespace left in: {:?}",
+        two.keys()
+    );
     let (_, container) = operator_container(&set);
     let env = container["env"].as_array().cloned().unwrap_or_default();
     assert!(

@@ -553,9 +553,9 @@ fn a_hot_loaded_bundle_cannot_drop_or_dryrun_a_floor_guardrail() {
 }
 
 /// A converged resource's plan decided again: each action is written in full once, then its
-/// unchanged repetitions are counted and written as one record per decision at the flush,
-/// naming the record repeated (its decision id, seq and hash), the input's digest, the count
-/// and the first and last time. A different input is written in full, never counted; a
+/// unchanged repetitions are counted and written at the flush as one record for the
+/// requester, a row per decision naming the record repeated (its seq and the start of its
+/// hash), the count and the first and last time. A different input is written in full, never counted; a
 /// decision not repeated for two flushes is forgotten and written in full when it returns.
 /// The chain verifies throughout.
 #[test]
@@ -583,31 +583,34 @@ fn unchanged_repetitions_of_a_plan_are_counted_and_written_once_per_flush() {
     gate.check_plan(&ctx(), &plugin(), &stateward::policy::resource_input(&other), &plan);
     assert_eq!(lines(&log).len(), 4);
 
-    assert_eq!(gate.flush_repetitions(), Ok(2));
+    assert_eq!(gate.flush_repetitions(), Ok(1), "one record for the requester's repetitions");
     let recs = lines(&log);
-    assert_eq!(recs.len(), 6);
-    for (rep, original) in recs[4..].iter().zip(&recs[..2]) {
-        let of = &rep["input"]["repetition_of"];
-        assert_eq!(of["decision_id"], original["decision_id"]);
-        assert_eq!(of["seq"], original["seq"]);
-        assert_eq!(of["hash"], original["hash"]);
-        assert_eq!(rep["input"]["input_sha256"].as_str().map(str::len), Some(64));
-        assert_eq!(rep["result"]["count"], 4);
-        assert!(rep["result"]["first"].as_str() <= rep["result"]["last"].as_str(), "{rep}");
-        assert_eq!(rep["path"], "stateward/guardrails");
-        assert_eq!(rep["requested_by"], "plugin/postgres");
+    assert_eq!(recs.len(), 5);
+    let rep = &recs[4];
+    assert_eq!(rep["input"]["repeated"]["fields"], json!(["seq", "hash", "count", "first", "last"]));
+    let rows = rep["input"]["repeated"]["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "{rep}");
+    for (row, original) in rows.iter().zip(&recs[..2]) {
+        assert_eq!(row[0], original["seq"]);
+        let hash = original["hash"].as_str().expect("hash");
+        assert_eq!(row[1].as_str(), hash.get(..16));
+        assert_eq!(row[2], 4);
+        assert!(row[3].as_i64() <= row[4].as_i64() && row[3].as_i64() > Some(0), "{row}");
     }
+    assert_eq!(rep["result"], json!({ "decisions": 2, "repetitions": 8 }));
+    assert_eq!(rep["path"], "stateward/guardrails");
+    assert_eq!(rep["requested_by"], "plugin/postgres");
     assert!(stateward::policy::cli::verify_audit(&log).expect("verify"));
 
     // Nothing repeated since: nothing to write. Still tracked one more period, then forgotten.
     assert_eq!(gate.flush_repetitions(), Ok(0));
     gate.check_plan(&ctx(), &plugin(), &res, &plan);
-    assert_eq!(lines(&log).len(), 6, "still counted after one idle period");
-    assert_eq!(gate.flush_repetitions(), Ok(2), "the first plan's two, once more");
+    assert_eq!(lines(&log).len(), 5, "still counted after one idle period");
+    assert_eq!(gate.flush_repetitions(), Ok(1), "the first plan's two, once more");
     assert_eq!(gate.flush_repetitions(), Ok(0));
     assert_eq!(gate.flush_repetitions(), Ok(0));
     gate.check_plan(&ctx(), &plugin(), &res, &plan);
-    assert_eq!(lines(&log).len(), 10, "forgotten after two idle periods: written in full again");
+    assert_eq!(lines(&log).len(), 8, "forgotten after two idle periods: written in full again");
     assert!(stateward::policy::cli::verify_audit(&log).expect("verify"));
 }
 
@@ -651,8 +654,8 @@ fn a_polls_unchanged_answers_are_counted_and_a_changed_one_written() {
     assert_eq!(lines(&log).len(), 4, "every answer of a one-shot request is written");
     assert_eq!(gate.flush_repetitions(), Ok(1));
     let recs = lines(&log);
-    assert_eq!(recs[4]["input"]["repetition_of"]["decision_id"], recs[0]["decision_id"]);
-    assert_eq!(recs[4]["result"]["count"], 4);
+    assert_eq!(recs[4]["input"]["repeated"]["rows"][0][0], recs[0]["seq"]);
+    assert_eq!(recs[4]["input"]["repeated"]["rows"][0][2], 4);
     assert!(stateward::policy::cli::verify_audit(&log).expect("verify"));
 }
 

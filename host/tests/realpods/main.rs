@@ -646,8 +646,8 @@ async fn available_only_when(
     (available_ms, counted_ms, cr)
 }
 
-/// How long [`idle`] watches.
-const IDLE_WINDOW: Duration = Duration::from_secs(30);
+/// How long [`idle`] watches: one period of the audit's repetition flush (60 s).
+const IDLE_WINDOW: Duration = Duration::from_secs(60);
 
 /// [agent]'s steady state: the converged resource `name` of `kind` watched for
 /// [`IDLE_WINDOW`] with nothing happening, its figures named `<prefix>.idle.*`. Reported per minute against that targets:
@@ -705,6 +705,23 @@ pub async fn idle(env: &TestEnv, kind: e2e::Kind, name: &str, op: &e2e::Operator
     eprintln!(
         "realpods-{prefix}: idle {IDLE_WINDOW:?}: {writes} writes of {name}, {posted} Events, {lines} audit records, {bytes} audit bytes"
     );
+    // What those records were, to tell where the rest of the audit's steady state comes from.
+    let mut kinds: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    let text = std::fs::read_to_string(&op.audit).unwrap_or_default();
+    for line in text.lines().skip(lines_before) {
+        let r: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+        let s = |p: &str| r.pointer(p).and_then(serde_json::Value::as_str).unwrap_or("").to_string();
+        let what = if let Some(rows) = r.pointer("/input/repeated/rows").and_then(serde_json::Value::as_array)
+        {
+            format!("repetitions of {} decisions", rows.len())
+        } else if let Some(id) = r.pointer("/result/outcome/id").and_then(serde_json::Value::as_str) {
+            format!("outcome {}", id.split('-').next().unwrap_or(id))
+        } else {
+            format!("{} {} {}", s("/path"), s("/input/action/verb"), s("/input/action/object/kind"))
+        };
+        *kinds.entry(what).or_default() += 1;
+    }
+    eprintln!("realpods-{prefix}: idle audit records by kind: {kinds:?}");
     use stateward_testkit::report::{figure, Target};
     figure(
         &format!("{prefix}.idle.status_writes_per_minute"),
