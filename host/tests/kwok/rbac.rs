@@ -961,20 +961,7 @@ async fn namespaced_role_is_enough() -> anyhow::Result<()> {
     let env = TestEnv::new("rbac-ns").await?;
     let result = namespaced_run(&env, &plugins).await;
     if result.is_err() {
-        // Leave nothing that blocks the namespace's deletion.
-        let _ = env
-            .kubectl()
-            .args([
-                "-n",
-                &env.namespace,
-                "patch",
-                "redisclusters",
-                "cache",
-                "--type=merge",
-                "-p",
-                r#"{"metadata":{"finalizers":null}}"#,
-            ])
-            .output();
+        release(&env);
     }
     result
 }
@@ -1079,13 +1066,19 @@ async fn three_rules_taken_out_each_stop_a_named_step() -> anyhow::Result<()> {
         ensure!(not_done, "without {verb} {resource}, the step happened anyway ({step})");
         println!("without {verb} {resource}: {step}; the operator said: {}", said.trim());
         drop(operator);
-        let _ = env
-            .kubectl()
-            .args(["-n", &env.namespace, "patch", "redisclusters", "cache", "--type=merge"])
-            .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
-            .output();
+        release(&env);
     }
     Ok(())
+}
+
+/// Takes the finalizer off the RedisCluster `cache` of `env`, so that nothing blocks the
+/// namespace's deletion once the operator is gone.
+fn release(env: &TestEnv) {
+    let _ = env
+        .kubectl()
+        .args(["-n", &env.namespace, "patch", "redisclusters", "cache", "--type=merge"])
+        .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
+        .output();
 }
 
 async fn namespaced_run(env: &TestEnv, plugins: &Path) -> anyhow::Result<()> {
@@ -1318,12 +1311,7 @@ async fn a_set_of_namespaces_is_watched_with_a_role_in_each_and_nothing_elsewher
     let refused = forbidden_lines(&operator.log_text());
     ensure!(refused.is_empty(), "the operator was refused something:\n{}", refused.join("\n"));
     drop(operator);
-    for env in [&a, &b] {
-        let _ = env
-            .kubectl()
-            .args(["-n", &env.namespace, "patch", "redisclusters", "cache", "--type=merge"])
-            .args(["-p", r#"{"metadata":{"finalizers":null}}"#])
-            .output();
-    }
+    release(&a);
+    release(&b);
     Ok(())
 }
