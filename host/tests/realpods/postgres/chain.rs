@@ -84,8 +84,6 @@ async fn one_cluster_forms_rides_out_a_stall_switches_over_and_fails_over() {
     drop(op);
 }
 
-/// How long step 6 watches the converged cluster.
-
 /// Step 6, [agent]'s steady state: see [`crate::idle`].
 async fn idle(env: &TestEnv, op: &e2e::Operator) {
     crate::idle(env, POSTGRES, "pg", op, "pg").await;
