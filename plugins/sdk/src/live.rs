@@ -258,17 +258,22 @@ impl Health {
         for r in readings {
             let last = streaks.get(&r.subject).and_then(Value::as_u64).unwrap_or(0);
             let counted = r.answered_at_ms != 0 && seen.get(&r.subject) == Some(&json!(r.answered_at_ms));
+            let times = u64::from(threshold.times);
             let streak = match (counted, r.over()) {
                 (true, _) => last,
-                (false, true) => last + 1,
+                // Once it fires, a streak stays at `times`: a check that keeps firing leaves
+                // status as it is (a count going on would be written on every answer).
+                (false, true) => (last + 1).min(times),
                 (false, false) => 0,
             };
             streaks.insert(r.subject.clone(), json!(streak));
-            // A reading under the limit is 0 however often it is counted.
-            if streak > 0 {
-                seen.insert(r.subject.clone(), json!(r.answered_at_ms));
-            } else {
+            let still_firing = streak == times && last == times;
+            // A reading under the limit is 0 however often it is counted; a check still firing
+            // keeps the answer it fired on.
+            if streak == 0 {
                 seen.remove(&r.subject);
+            } else if !still_firing {
+                seen.insert(r.subject.clone(), json!(r.answered_at_ms));
             }
             if streak >= u64::from(threshold.times) {
                 self.firing.push((
@@ -545,6 +550,26 @@ mod tests {
             "a streak under way keeps its answer"
         );
         assert_eq!((&written[4], &written[5]), (&healthy, &healthy));
+    }
+
+    /// [agent]'s quiet steady state: a check that keeps firing on the same reading leaves
+    /// `status.health` and its condition as they were from one answer to the next.
+    #[test]
+    fn a_check_that_keeps_firing_leaves_the_health_status_unchanged() {
+        let mut status = json!({});
+        let mut written = Vec::new();
+        for at in 1..=6 {
+            let mut h = Health::default();
+            h.check(status.get("health"), T, &[answer(99.0, at)]);
+            status = json!({ "health": Value::Object(h.streaks.clone()) });
+            written.push((status.clone(), h.condition().message));
+        }
+        assert_eq!(written[2].0["health"]["connections"]["db-0"], 3, "fired at three");
+        assert_eq!(written[3], written[2], "firing on: nothing changed, nothing to write");
+        assert_eq!(written[5], written[2]);
+        let mut h = Health::default();
+        h.check(status.get("health"), T, &[answer(50.0, 7)]);
+        assert_eq!(h.streaks["connections"]["db-0"], 0, "clears at once");
     }
 
     #[test]
