@@ -32,14 +32,15 @@ fn pod(name: &str, command: &[&str], ports: &[u16]) -> Value {
 }
 
 /// The operator with the hostile fixture as its plugin (and its webhooks, so the certificate
-/// keeper issues the service certificates).
+/// keeper issues the service certificates), with `args` added to `stateward run`'s.
 fn start_operator(
     env: &TestEnv,
     name: &str,
     plugins: &std::path::Path,
     policies: &std::path::Path,
+    args: &[&str],
 ) -> Operator {
-    super::start_operator_with(env, name, Some(plugins.to_path_buf()), Some(policies.to_path_buf()))
+    super::start_operator_with(env, name, Some(plugins.to_path_buf()), Some(policies.to_path_buf()), args)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -189,7 +190,7 @@ async fn faulty_requests_become_answers_with_errors_and_other_resources_keep_the
     })
     .await;
 
-    let mut op = start_operator(&env, "faults", &plugins.0, &policies);
+    let mut op = start_operator(&env, "faults", &plugins.0, &policies, &["--audit-repeat-interval", "1"]);
     op.wait_ready(Duration::from_secs(60)).await;
     let pid = op.pid().expect("operator pid");
     let api = hostile_api(&env);
@@ -313,18 +314,29 @@ async fn faulty_requests_become_answers_with_errors_and_other_resources_keep_the
         &["exec", "h-0", "--", "sh", "-c", "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 3600 $' || true"],
     );
     let left: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
-    // Each answer is audited, those never sent too.
+    // Each answer is audited, those never sent too: a poll's first answer of each kind in
+    // full, the later ones that ended the same way as counted repetitions of it (written with
+    // the period's flush: every second for this operator).
     let audit = std::fs::read_to_string(&op.audit).expect("audit log");
-    let outcomes: Vec<Value> = audit
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r.pointer("/result/outcome").is_some())
+    let records: Vec<Value> = audit.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
+    let outcomes: Vec<&Value> = records.iter().filter(|r| r.pointer("/result/outcome").is_some()).collect();
+    let repeated_rows: Vec<&Value> = records
+        .iter()
+        .filter_map(|r| r.pointer("/input/repeated/rows").and_then(Value::as_array))
+        .flatten()
         .collect();
     let count = |id: &str, sent: bool| {
-        outcomes
+        let full: Vec<u64> = outcomes
             .iter()
             .filter(|r| r["result"]["outcome"]["id"] == id && r["result"]["outcome"]["sent"] == sent)
-            .count()
+            .filter_map(|r| r["seq"].as_u64())
+            .collect();
+        let counted: u64 = repeated_rows
+            .iter()
+            .filter(|row| row[0].as_u64().is_some_and(|seq| full.contains(&seq)))
+            .filter_map(|row| row[2].as_u64())
+            .sum();
+        full.len() + counted as usize
     };
     let (_, metrics) = op.get("/metrics").expect("metrics");
     let failed = e2e::sum_metric(&metrics, "stateward_reconcile_total", &["result=\"panicked\""]);
@@ -403,7 +415,7 @@ async fn bench_exec_round_trip_against_kubectl_exec() {
     let (plugins, policies) = hostile_setup(&env, &["echo"]);
     apply_json(&env, &[pod("h-0", &["sleep", "86400"], &[])]);
     pod_ready(&env, "h-0", Duration::from_secs(120)).await;
-    let mut op = start_operator(&env, "bench", &plugins.0, &policies);
+    let mut op = start_operator(&env, "bench", &plugins.0, &policies, &[]);
     op.wait_ready(Duration::from_secs(60)).await;
     let pid = op.pid().expect("operator pid");
     let api = hostile_api(&env);
@@ -548,7 +560,7 @@ async fn label_pod_tls_basic_auth_and_derived_keys_on_a_running_pod() {
         return;
     };
     let (plugins, policies) = hostile_setup(&env, &[]);
-    let mut op = start_operator(&env, "features", &plugins.0, &policies);
+    let mut op = start_operator(&env, "features", &plugins.0, &policies, &[]);
     op.wait_ready(Duration::from_secs(60)).await;
     let api = hostile_api(&env);
     let ns = env.namespace.clone();
