@@ -690,14 +690,9 @@ pub async fn idle(env: &TestEnv, kind: e2e::Kind, name: &str, op: &e2e::Operator
     .unwrap_or_else(|_| panic!("the watch did not end after its {IDLE_WINDOW:?} timeout"));
     let (bytes, lines) =
         (audit_bytes().saturating_sub(bytes_before), audit_lines().saturating_sub(lines_before));
-    let events: kube::Api<k8s_openapi::api::events::v1::Event> = env.api();
-    let posted = events
-        .list(&kube::api::ListParams::default())
+    let posted = postgres::events_of(env, name)
         .await
-        .map(|l| l.items)
-        .unwrap_or_default()
         .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
         .filter(|e| {
             let last =
                 e.series.as_ref().map(|s| s.last_observed_time.0).or(e.event_time.as_ref().map(|t| t.0));

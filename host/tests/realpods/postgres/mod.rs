@@ -32,17 +32,22 @@ pub(super) async fn enter_with_operator(prefix: &str, operator: &str) -> Option<
     Some((env, op))
 }
 
-/// The Events of the custom resource `name`, oldest first, as "Type Reason: message".
-pub(super) async fn cr_events(env: &TestEnv, name: &str) -> Vec<String> {
+/// The Events (events.k8s.io) regarding the object `name` in the test's namespace.
+pub(crate) async fn events_of(env: &TestEnv, name: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
     let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
-    let mut list: Vec<_> = events
+    events
         .list(&kube::api::ListParams::default())
         .await
         .map(|l| l.items)
         .unwrap_or_default()
         .into_iter()
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .collect();
+        .collect()
+}
+
+/// The Events of the custom resource `name`, oldest first, as "Type Reason: message".
+pub(super) async fn cr_events(env: &TestEnv, name: &str) -> Vec<String> {
+    let mut list = events_of(env, name).await;
     list.sort_by_key(|e| {
         e.event_time.as_ref().map(|t| t.0).or(e.deprecated_first_timestamp.as_ref().map(|t| t.0))
     });
